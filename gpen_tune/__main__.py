@@ -1,0 +1,3 @@
+from gpen_tune.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""The six optimizations, one module each, composed by `TuneConfig`."""

@@ -1,0 +1,1 @@
+"""Weights: registry lookups, the cache directory, safe reading and verification, downloads."""

@@ -1,0 +1,38 @@
+"""One cache directory for every downloaded file: $GPEN_TUNE_HOME, else the user cache dir."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """$GPEN_TUNE_HOME, else $XDG_CACHE_HOME/gpen-tune, else ~/.cache/gpen-tune (created on demand)."""
+    env = os.environ.get("GPEN_TUNE_HOME")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "gpen-tune"
+
+
+def cached_file(filename: str) -> Path:
+    """Where a weights file of this name lives in the cache (it may not exist)."""
+    return cache_dir() / filename
+
+
+class WeightsNotFoundError(FileNotFoundError):
+    """A registry model whose file is not cached; the message says how to get it."""
+
+
+def cached_file_or_error(name: str) -> Path:
+    """The cached file of registry model `name`, or an error naming the file, its URL and where to put it."""
+    from gpen_tune.model.configs import model_info
+
+    info = model_info(name)
+    path = cached_file(info.filename)
+    if not path.is_file():
+        raise WeightsNotFoundError(
+            f"{info.filename} is not in the cache: run `gpen-tune weights download {name}` or download "
+            f"{info.urls[0]} yourself and put it at {path} (or pass --weights PATH)"
+        )
+    return path
