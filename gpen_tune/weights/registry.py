@@ -221,8 +221,8 @@ def verify_file(path: str | Path, model: str | None = None, sha256: str | None =
                         pin=pin_state, pinned_sha256=pinned)
 
 
-def infer_model(sd: dict, source: str = "checkpoint") -> tuple[str, GPENConfig]:
-    """Registry name (or a description) and config whose keys and shapes all match `sd`."""
+def match_model(sd: dict) -> tuple[str, GPENConfig] | None:
+    """Registry name (or a description of a custom config) whose keys and shapes all match `sd`, else None."""
     shapes = {k: tuple(v.shape) for k, v in sd.items()}
     for info in MODELS.values():
         if expected_shapes(info.config) == shapes:
@@ -230,12 +230,28 @@ def infer_model(sd: dict, source: str = "checkpoint") -> tuple[str, GPENConfig]:
     cfg = _derive_config(shapes)
     if cfg is not None and expected_shapes(cfg) == shapes:
         return f"custom GPEN ({describe_config(cfg)})", cfg
-    best = min(MODELS.values(), key=lambda i: len(set(expected_shapes(i.config).items()) ^ set(shapes.items())))
-    try:
-        check_state_dict(sd, best.config, source=source)
-    except CheckpointError as e:
-        raise CheckpointError(f"{e} (matches no registry model; closest is {best.name})") from None
-    return best.name, best.config  # unreachable in practice: an exact match returned above
+    return None
+
+
+def infer_model(sd: dict, source: str = "checkpoint") -> tuple[str, GPENConfig]:
+    """Like `match_model`, but a file that matches nothing raises CheckpointError naming the closest model."""
+    found = match_model(sd)
+    if found is not None:
+        return found
+    shapes = {k: tuple(v.shape) for k, v in sd.items()}
+
+    def distance(info: ModelInfo) -> int:
+        return len(set(expected_shapes(info.config).items()) ^ set(shapes.items()))
+
+    best = min(MODELS.values(), key=distance)
+    want = expected_shapes(best.config)
+    missing = sum(k not in shapes for k in want)
+    unexpected = sum(k not in want for k in shapes)
+    wrong = sum(k in shapes and shapes[k] != v for k, v in want.items())
+    raise CheckpointError(
+        f"{source}: matches no known GPEN model ({len(shapes)} entries; closest is {best.name} with {missing} "
+        f"missing keys, {unexpected} unexpected keys, {wrong} wrong shapes); is it a GPEN generator checkpoint?"
+    )
 
 
 @lru_cache(maxsize=16)
@@ -249,6 +265,8 @@ def _derive_config(shapes: dict[str, tuple[int, ...]]) -> GPENConfig | None:
     try:
         n_ecd = 1 + max(int(k[3:].split(".")[0]) for k in shapes if k.startswith("ecd"))
         size = 2 ** (n_ecd + 1)
+        if size > 8192:
+            return None
         narrow = shapes["generator.input.input"][1] / 512
         c_size = shapes["ecd0.0.0.weight"][0]
     except (KeyError, ValueError, IndexError):
@@ -293,6 +311,6 @@ def _normalise_sha(sha256: str | None) -> str | None:
 
 __all__ = [
     "VerifiedFile", "WeightsDownloadError", "WeightsMismatchError", "WeightsNotFoundError", "WeightsStatus",
-    "cache_dir", "ensure_weights", "import_weights", "infer_model", "list_weights", "missing_message",
+    "cache_dir", "ensure_weights", "import_weights", "infer_model", "list_weights", "match_model", "missing_message",
     "verify_checkpoint", "verify_file",
 ]
