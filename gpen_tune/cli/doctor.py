@@ -14,7 +14,7 @@ from gpen_tune.cli._console import err, out
 
 def _yes(v: object) -> str:
     if v is None:
-        return "[dim]not checked[/]"
+        return "[dim]not checked (--imports)[/]"
     return "[green]yes[/]" if v else "[red]no[/]"
 
 

@@ -57,17 +57,27 @@ def list_cmd(as_json: JsonOpt = False) -> None:
     if as_json:
         out.print_json(json.dumps({"cache_dir": str(cache_dir()), "models": [asdict(r) for r in rows]}))
         return
-    table = Table(title=f"GPEN weights (cache: {cache_dir()})", title_justify="left")
-    for col in ("name", "file", "cached", "config", "task", "pinned sha256", "source"):
-        table.add_column(col, overflow="fold")
+    table = Table(title="GPEN weights", title_justify="left")
+    table.add_column("model", no_wrap=True)
+    table.add_column("cached", no_wrap=True)
+    table.add_column("size, cm, narrow", no_wrap=True)
+    table.add_column("source", no_wrap=True)
+    table.add_column("pinned sha256", no_wrap=True)
     for r in rows:
-        source = r.url if "modelscope" not in r.source_note.lower() else f"ModelScope: {r.url}"
-        table.add_row(r.name, r.file, _mb(r.size) if r.cached else "[dim]no[/]", r.config, r.task,
-                      (r.pinned_sha256 or "-")[:16], source)
+        modelscope = "modelscope" in r.source_note.lower()
+        size, cm, narrow = (part.split()[-1] for part in r.config.split(", "))
+        table.add_row(r.name, _mb(r.size) if r.cached else "[dim]no[/]", f"{size}, {cm}, {narrow}",
+                      "ModelScope" if modelscope else "upstream link", (r.pinned_sha256 or "-")[:12])
     out.print(table)
-    out.print(f"[dim]{rows[0].licence}[/]" if rows else "")
-    out.print("[dim]GPEN-BFR-1024/2048 come from ModelScope 'damo/cv_gpen_image-portrait-enhancement-hires': "
-              "download there, then `gpen-tune weights download NAME --file PATH`.[/]")
+    out.print(f"cache: {cache_dir()}  (set GPEN_TUNE_HOME to move it)", highlight=False, soft_wrap=True,
+              markup=False)
+    for r in rows:
+        out.print(f"{r.name}: {r.url}", highlight=False, soft_wrap=True, markup=False)
+    if rows:
+        out.print(f"[dim]{rows[0].licence}[/]")
+    out.print("[dim]GPEN-BFR-1024/2048 are distributed through ModelScope "
+              "'damo/cv_gpen_image-portrait-enhancement-hires' (pytorch_model.pt / pytorch_model-2048.pt): download "
+              "them there, then `gpen-tune weights download NAME --file PATH`.[/]")
 
 
 @weights_app.command("download")
