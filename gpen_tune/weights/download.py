@@ -16,7 +16,8 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -104,7 +105,9 @@ def download_file(
     expected = sha256.strip().lower() if sha256 else None
     where = f"{url} -> {dest}"
     last = "no attempt made"
-    with _ProgressBar(dest.name, enabled=progress, console=console) as bar:
+    with _folder_lock(dest.parent), _ProgressBar(dest.name, enabled=progress, console=console) as bar:
+        if expected and dest.is_file() and file_sha256(dest) == expected:
+            return Downloaded(dest, expected, dest.stat().st_size)  # another process fetched it while we waited
         for attempt in range(retries + 1):
             if attempt:
                 time.sleep(backoff * 2 ** (attempt - 1))
@@ -119,18 +122,38 @@ def download_file(
             kept = f"; partial data kept in {part.name} to resume" if part.exists() and part.stat().st_size else ""
             raise DownloadError(f"download failed after {retries + 1} attempts ({last}): {where}{kept}")
 
-    if expected and digest != expected:
-        part.unlink(missing_ok=True)
-        raise ChecksumError(f"sha256 mismatch, file refused and deleted: expected {expected}, got {digest}: {where}",
-                            expected=expected, got=digest)
-    if validate is not None:
-        try:
-            validate(part)
-        except Exception as e:
+        if expected and digest != expected:
             part.unlink(missing_ok=True)
-            raise DownloadError(f"downloaded file rejected ({_one_line(e)}): {where}") from None
-    os.replace(part, dest)
+            raise ChecksumError(f"sha256 mismatch, file refused and deleted: expected {expected}, got {digest}: "
+                                f"{where}", expected=expected, got=digest)
+        if validate is not None:
+            try:
+                validate(part)
+            except Exception as e:
+                part.unlink(missing_ok=True)
+                raise DownloadError(f"downloaded file rejected ({_one_line(e)}): {where}") from None
+        os.replace(part, dest)
     return Downloaded(dest, digest, size)
+
+
+@contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """Serialise downloads into one folder across processes (flock on the folder; a no-op where unsupported),
+    so two runs fetching the same weights never write into the same `.part` at once."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no flock
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass  # a filesystem without flock support: carry on unlocked
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def file_sha256(path: Path, chunk: int = CHUNK) -> str:
@@ -155,9 +178,9 @@ def _attempt(url: str, part: Path, timeout: float, bar: _ProgressBar) -> tuple[s
         resp = urllib.request.urlopen(req, timeout=timeout)
     except urllib.error.HTTPError as e:
         e.close()
-        if e.code == 416 and have:  # our partial file is no prefix the server recognises: start again
+        if e.code == 416 and have:  # our partial file is longer than the server's: start again at once
             part.unlink(missing_ok=True)
-            raise _Transient("HTTP 416 on resume, restarting") from None
+            return _attempt(url, part, timeout, bar)
         if e.code in FATAL_STATUS:
             part.unlink(missing_ok=True)
             raise _Fatal(f"HTTP {e.code} {e.reason}") from None
