@@ -137,10 +137,14 @@ def _exif_without_orientation(img: Image.Image) -> tuple[bytes | None, int | Non
     if not len(exif):
         return None, None
     orientation = exif.get(ORIENTATION_TAG)
-    if orientation is not None:
-        exif[ORIENTATION_TAG] = 1
     try:
-        return exif.tobytes(), orientation
+        if orientation is None:
+            return exif.tobytes(), None
+        exif[ORIENTATION_TAG] = 1                     # the copy we write; the image keeps its own for transposing
+        try:
+            return exif.tobytes(), orientation
+        finally:
+            exif[ORIENTATION_TAG] = orientation
     except Exception:  # noqa: BLE001
         return None, orientation
 

@@ -424,22 +424,20 @@ def enhance_paths(
 def _save_faces(job: ImageJob, naming: OutputNaming, stem: str, fmt: str) -> None:
     from gpen_tune.imageio import FORMAT_TO_EXT
 
-    folder = naming.outdir / "faces"
-    folder.mkdir(exist_ok=True)
     for i, face in enumerate(job.faces):
         if face.restored is None:
             continue
-        pair = np.hstack([face.crop, face.restored])
-        write_image(Picture(pair), folder / f"{stem}_face{i:02d}.{FORMAT_TO_EXT[fmt]}", fmt)
+        path = naming.outdir / "faces" / f"{stem}_face{i:02d}.{FORMAT_TO_EXT[fmt]}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_image(Picture(np.hstack([face.crop, face.restored])), path, fmt)
 
 
 def _save_comparison(job: ImageJob, naming: OutputNaming, stem: str, fmt: str) -> None:
     from gpen_tune.imageio import FORMAT_TO_EXT
 
-    folder = naming.outdir / "comparisons"
-    folder.mkdir(exist_ok=True)
-    side = np.hstack([job.picture.rgb8(), job.result.rgb8()])
-    write_image(Picture(side), folder / f"{stem}.{FORMAT_TO_EXT[fmt]}", fmt)
+    path = naming.outdir / "comparisons" / f"{stem}.{FORMAT_TO_EXT[fmt]}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_image(Picture(np.hstack([job.picture.rgb8(), job.result.rgb8()])), path, fmt)
 
 
 def enhance_image(
