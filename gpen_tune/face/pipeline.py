@@ -197,14 +197,15 @@ class Enhancer:
         """
         self.settings = settings or EnhanceSettings()
         self.notify = notify
-        self.device = resolve_device(self.settings.device, notify)
+        if model is not None:
+            self.device = next(model.parameters()).device
+        else:
+            self.device = resolve_device(self.settings.device, notify)
         if model is None and not (restore is not None and size is not None):
             from gpen_tune.model.load import load_model
 
             model = load_model(resolve_weights(self.settings, notify), model=self.settings.model, device=self.device)
         self.model = model
-        if model is not None:
-            self.device = next(model.parameters()).device
         self.size = size or model.cfg.size
         self.dtype = getattr(model, "compute_dtype", torch.float32) if model is not None else torch.float32
         self.restore_fn: Restore = restore or _model_restore(model)
