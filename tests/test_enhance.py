@@ -102,7 +102,7 @@ def test_cli_output_dir_problems_fail_before_any_work(tmp_path, mixed_folder):
         res = invoke([str(mixed_folder), "-o", str(target), "--weights", "synthetic", "--device", "cpu"])
         assert res.exit_code != 0
         assert str(target) in res.output and ("is a file" in res.output or "not writable" in res.output)
-        assert "enhance" not in res.output.splitlines()[-1] or "error" in res.output
+        assert "SYNTHETIC" not in res.output                     # refused before the model was even built
     res = invoke([str(tmp_path / "nothing-here"), "-o", str(tmp_path / "o"), "--device", "cpu"])
     assert res.exit_code != 0 and "no such file or folder" in res.output
 
