@@ -97,8 +97,8 @@ def paste_faces_device(base: np.ndarray, faces: Sequence[DeviceFace], strength: 
         crop = _soften(face.restored.to(dev)) if face.soften else face.restored.to(dev)
         pixels = F.grid_sample(crop.permute(2, 0, 1).unsqueeze(0).float(), grid, mode="bilinear",
                                padding_mode="border", align_corners=True)[0].permute(1, 2, 0)
-        mask = torch.as_tensor(np.asarray(face.mask, np.float32) if isinstance(face.mask, np.ndarray)
-                               else face.mask, device=dev).float()
+        mask = face.mask if isinstance(face.mask, torch.Tensor) else torch.from_numpy(np.array(face.mask, np.float32))
+        mask = mask.to(dev).float()
         m = F.grid_sample(mask[None, None], grid, mode="bilinear", padding_mode="zeros",
                           align_corners=True)[0, 0] * strength
         x0, y0, x1, y1 = roi[0] - ux0, roi[1] - uy0, roi[2] - ux0, roi[3] - uy0

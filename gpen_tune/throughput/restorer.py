@@ -201,13 +201,16 @@ class CropRestorer:
         except Exception as exc:
             if not is_oom(exc) or n == 1:
                 raise
-        # out of memory: keep half as the new limit and run the batch in halves
-        half = bucket_floor(max(1, n // 2))
-        self.limit = min(self.limit, half)
+        # out of memory: keep half as the new limit and run the batch in chunks of the (maybe lower again) limit
+        self.limit = min(self.limit, bucket_floor(max(1, n // 2)))
         self.times.oom_splits += 1
         if self.cuda:
             torch.cuda.empty_cache()
-        parts = [self._restore_split(x[i: i + half]) for i in range(0, n, half)]
+        parts, i = [], 0
+        while i < n:
+            b = min(self.limit, n - i)
+            parts.append(self._restore_split(x[i: i + b]))
+            i += b
         return torch.cat(parts)
 
 
