@@ -83,6 +83,7 @@ class ImageJob:
     error: str | None = None
     result: Picture | None = None
     output: Path | None = None
+    size: tuple[int, int] | None = None  # (width, height) once decoded
 
     def add_time(self, stage: str, seconds: float) -> None:
         self.timings[stage] = self.timings.get(stage, 0.0) + seconds
@@ -93,7 +94,7 @@ class ImageJob:
             "output": None if self.output is None else str(self.output),
             "status": self.status,
             "error": self.error,
-            "size": None if self.picture is None else list(self.picture.size),
+            "size": None if self.size is None else list(self.size),
             "faces": [f.detection.to_dict() for f in self.faces if f.detection is not None],
             "n_faces": len(self.faces),
             "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
@@ -241,6 +242,7 @@ class Enhancer:
                     job.picture = picture_from_array(src)
                 else:
                     job.picture = read_image(src)
+                job.size = job.picture.size
             except (ImageReadError, ValueError) as e:
                 job.status, job.error = "error", str(e)
             job.add_time("decode", time.perf_counter() - t)

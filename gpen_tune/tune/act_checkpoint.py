@@ -1,0 +1,60 @@
+"""--checkpoint: the honest inference-memory saver (not autograd checkpointing).
+
+Why not torch.utils.checkpoint: activation checkpointing trades recomputation for the activations autograd keeps
+for the backward pass. Under `torch.no_grad()` / `inference_mode()` nothing is kept for backward, so it saves
+nothing at inference (measured.md). GPEN's real inference peak is different: every encoder feature map is held
+from the encoder pass until the decoder reaches its resolution (they are concatenated as "noise"), and the
+largest ones (ecd0 at S x S, ecd1 at S/2 x S/2) are needed only by the last decoder levels, exactly where the
+decoder's own tensors are widest.
+What changes: `FullGenerator.release_features = True`: each encoder feature is dropped after its last use and
+ecd0/ecd1 are recomputed from the input when the last two decoder levels need them (their convs are the
+cheapest: a 1x1 conv from 3 channels and one strided 3x3), so the peak no longer holds them across the decoder.
+Tolerance: identical output (same ops on the same values; bit-exact in eager fp32, tested).
+Cost: ecd0 + ecd1 run twice, a few percent of the FLOPs.
+Fallback: a module without `release_features` (e.g. a fused module that does not implement it) is left alone
+and the restorer records why.
+Fine-tuning (gradients on) is not part of gpen-tune; `checkpointed_forward` is kept for that case only.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gpen_tune.tune.options import TuneConfig
+
+
+def is_supported(device: str | torch.device, cfg: TuneConfig | None = None) -> str | None:
+    return None  # plain tensor code: every device
+
+
+def apply(model: nn.Module, cfg: TuneConfig) -> str | None:
+    """Set `release_features` on the generator; returns the reason when the module has no such mode."""
+    if not hasattr(model, "release_features"):
+        return f"{type(model).__name__} has no release_features mode; --checkpoint has no effect on it"
+    model.release_features = bool(cfg.act_checkpoint)
+    return None
+
+
+def checkpointed_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Gradient-enabled forward with autograd checkpointing of each encoder stage (fine-tuning only).
+
+    Only meaningful when `torch.is_grad_enabled()`; at inference use `apply` (release_features) instead.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    if not torch.is_grad_enabled():
+        return model(x)
+    saved = model.release_features
+    model.release_features = False
+    try:
+        h = x.to(model.compute_dtype)
+        feats = []
+        for ecd in model.encoder:
+            h = checkpoint(ecd, h, use_reentrant=False)
+            feats.append(h)
+        z = model.final_linear(h.flatten(1))
+        noise = [f for f in reversed(feats) for _ in range(2)][1:]
+        return model.generator(z, noise, h.dtype)
+    finally:
+        model.release_features = saved
