@@ -197,7 +197,11 @@ class CropRestorer:
     def _restore_split(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[0]
         try:
-            return self.restore(x)
+            y = self.restore(x)
+            inner = getattr(self.restore, "max_batch", None)     # the tune part's Restorer splits OOM itself
+            if isinstance(inner, int) and inner < self.limit:
+                self.limit = bucket_floor(inner)
+            return y
         except Exception as exc:
             if not is_oom(exc) or n == 1:
                 raise
@@ -214,10 +218,32 @@ class CropRestorer:
         return torch.cat(parts)
 
 
+class FixedBatch:
+    """Pads every batch to `batch` rows (zeros) and returns the rows asked for: one input shape only.
+
+    With torch.compile or CUDA graphs every new batch size costs a compile or a capture; a run that pads its
+    tail batches pays one. Used by the benchmark for both the serial and the pipelined path."""
+
+    def __init__(self, restore: RestoreFn, batch: int):
+        self.restore = restore
+        self.batch = batch
+
+    @property
+    def max_batch(self) -> int | None:
+        return getattr(self.restore, "max_batch", None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        if n >= self.batch:
+            return torch.cat([self(c) for c in x.split(self.batch)]) if n > self.batch else self.restore(x)
+        pad = x.new_zeros((self.batch - n, *x.shape[1:]))
+        return self.restore(torch.cat([x, pad]))[:n]
+
+
 def default_max_batch(device: torch.device | str) -> int:
     """32 on CUDA (GPEN-512 bs32 fits a few GiB in half precision), 4 on the CPU (bigger batches gain nothing)."""
     return 32 if torch.device(device).type == "cuda" else 4
 
 
-__all__ = ["BUCKETS", "CropRestorer", "PendingBatch", "StageTimes", "default_max_batch", "is_oom",
+__all__ = ["BUCKETS", "CropRestorer", "FixedBatch", "PendingBatch", "StageTimes", "default_max_batch", "is_oom",
            "to_model_input", "to_uint8_nhwc"]

@@ -60,6 +60,7 @@ class RunnerConfig:
     max_batch: int | None = None          # largest generator batch (rounded down to a CUDA-graph bucket)
     max_wait_ms: float = 5.0              # how long a partial batch waits for more faces
     max_inflight: int | None = None       # images between "prepare started" and "result posted"
+    bucket_batches: bool = True           # batches are bucket sizes; False: take up to the limit (padded restorer)
 
     def resolved(self, device_type: str) -> tuple[int, int, int]:
         """(workers, max_batch, max_inflight) with the defaults filled in."""
@@ -189,6 +190,7 @@ class _Run:
         self.workers, max_batch, self.max_inflight = config.resolved(restorer.device.type)
         restorer.limit = min(restorer.limit, max_batch)
         self.max_wait = config.max_wait_ms / 1000.0
+        self.take = bucket_floor if config.bucket_batches else (lambda n, limit: min(n, limit))
         self.before_restore = before_restore
         self.on_device = restored_on_device
         self.stop = threading.Event()
@@ -362,7 +364,7 @@ class _Run:
                 continue
             if producers == 0:
                 if pending:
-                    if not launch(bucket_floor(len(pending), limit)):
+                    if not launch(self.take(len(pending), limit)):
                         break
                     continue
                 complete()
@@ -378,7 +380,7 @@ class _Run:
                 if item is None:
                     if self.stop.is_set():
                         break
-                    if not launch(bucket_floor(len(pending), limit)):   # waited long enough: run what is there
+                    if not launch(self.take(len(pending), limit)):   # waited long enough: run what is there
                         break
                     deadline = time.perf_counter() + self.max_wait
                     continue
