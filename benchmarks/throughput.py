@@ -309,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=None, help="threads per CPU stage (default: half the cores)")
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
     ap.add_argument("--paste", default="auto", choices=("auto", "cpu", "gpu"))
+    ap.add_argument("--detect-batch", type=int, default=1, help="images per detector call in a prepare worker")
     ap.add_argument("--detector", default="mtcnn", help="mtcnn works offline; retinaface needs cached weights")
     ap.add_argument("--skip-serial", action="store_true")
     ap.add_argument("--workdir", type=Path, default=None, help="where the folders go (default: a temp dir)")
@@ -354,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         restore_fn(torch.zeros(batch, 3, enhancer.size, enhancer.size, device=device, dtype=enhancer.dtype))
     enhance_folder(warm_in, work / "warm_serial", enhancer=enhancer, serial=True)
     enhance_folder(warm_in, work / "warm_pipe", enhancer=enhancer, workers=args.workers, max_batch=batch,
-                   paste=args.paste)
+                   paste=args.paste, detect_batch=args.detect_batch, bucket_batches=not compiled_or_graphed)
     warmup_s = time.perf_counter() - t
 
     runs = {}
@@ -368,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     runs["pipeline"], summaries["pipeline"] = measure(
         "pipeline", lambda: enhance_folder(folder, work / "out_pipeline", enhancer=enhancer, workers=args.workers,
                                            max_batch=batch, max_wait_ms=args.max_wait_ms, paste=args.paste,
-                                           ), meter, device)
+                                           detect_batch=args.detect_batch,
+                                           bucket_batches=not compiled_or_graphed), meter, device)
     pipe = runs["pipeline"]
     pipe["stage_analysis"] = limiting_stage(pipe)
 
@@ -381,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         "weights": args.weights,
         "tune": tune_info,
         "settings": {"batch": batch, "fixed_batch_padding": bool(compiled_or_graphed), "workers": args.workers,
-                     "max_wait_ms": args.max_wait_ms, "paste": args.paste, "detector": enhancer.detector.name,
+                     "max_wait_ms": args.max_wait_ms, "paste": args.paste, "detect_batch": args.detect_batch,
+                     "detector": enhancer.detector.name,
                      "det_size": settings.det_size, "max_inflight": pipe["stages"].get("max_inflight")},
         "folder": composition,
         "warmup_s": round(warmup_s, 2),

@@ -85,7 +85,8 @@ def _all_decodable(folder: Path) -> list[Path]:
 
 def test_pipeline_matches_serial_on_mixed_folder(enhancer, mixed_folder, serial_run, tmp_path):
     serial_out, serial = serial_run
-    piped = enhance_folder(mixed_folder, tmp_path, enhancer=enhancer, workers=2, max_batch=4)
+    # detect_batch=3: a prepare worker decodes and detects up to 3 images per call (the broken file inside a group)
+    piped = enhance_folder(mixed_folder, tmp_path, enhancer=enhancer, workers=2, max_batch=4, detect_batch=3)
     assert [r.path.name for r in piped.results] == [r.path.name for r in serial.results]
     assert [r.status for r in piped.results] == [r.status for r in serial.results] == ["ok"] * 4 + ["failed"]
     assert [r.faces for r in piped.results] == [r.faces for r in serial.results] == [1, 1, 4, 0, 0]
@@ -450,3 +451,26 @@ def test_benchmark_tiny_mode_writes_json(tmp_path):
     assert data["folder"]["per_kind"] == {"copy": 2}
     assert data["outputs_vs_serial"]["compared"] == 2 and data["outputs_vs_serial"]["max_abs"] <= TOLERANCE
     assert "limiting" in data["runs"]["pipeline"]["stage_analysis"]
+
+
+@pytest.mark.gpu
+def test_cuda_folder_matches_serial_with_gpu_paste(mixed_folder, tmp_path):
+    """On CUDA: pinned uploads, GPU conversion and GPU paste (forced) against the serial path, <= 2 grey levels."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    src = tmp_path / "in"
+    src.mkdir()
+    for p in mixed_folder.iterdir():
+        (src / p.name).write_bytes(p.read_bytes())
+    _write(src / "f_big_mosaic.jpg", cv2.resize(samples.mosaic(6, 2), None, fx=2.0, fy=2.0))
+    model = load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cuda")
+    enh = Enhancer(EnhanceSettings(device="cuda", detector="mtcnn", batch_size=8), model=model)
+    serial = enhance_folder(src, tmp_path / "s", enhancer=enh, serial=True, ext="png")
+    piped = enhance_folder(src, tmp_path / "p", enhancer=enh, workers=2, paste="gpu", ext="png")
+    assert [r.status for r in piped.results] == [r.status for r in serial.results]
+    assert piped.faces == serial.faces >= 12
+    for a, b in zip(serial.results, piped.results, strict=True):
+        if a.output is not None:
+            x, y = cv2.imread(str(a.output)).astype(int), cv2.imread(str(b.output)).astype(int)
+            assert np.abs(x - y).max() <= TOLERANCE, a.path.name
+    enh.close()

@@ -34,12 +34,14 @@ def enhance_folder(
     max_wait_ms: float = 5.0,
     max_inflight: int | None = None,
     paste: str = "auto",
+    detect_batch: int = 1,
     ext: str | None = None,
     suffix: str = "",
     stems: Sequence[str] | None = None,
     save_faces: bool = False,
     save_comparison: bool = False,
     serial: bool = False,
+    bucket_batches: bool = True,
     on_result: Callable[[ImageResult], None] | None = None,
 ) -> RunSummary:
     """Restore every face of every input, faces batched across images; outputs named as the serial path.
@@ -55,7 +57,11 @@ def enhance_folder(
         max_wait_ms: how long a partial batch waits for faces from further images.
         max_inflight: images held in memory at once (default 4 x workers + 8).
         paste: "auto" | "cpu" | "gpu" paste-back (GPU only on CUDA with the default mask).
+        detect_batch: images a prepare worker decodes and detects together (one batched detector call for
+            same-size images; worth it with the detector on the GPU).
         serial: run the serial driver `enhance_paths` instead (the old path; same outputs).
+        bucket_batches: batches of bucket sizes (1, 2, 4, ...); False takes up to max_batch at once (for a
+            restorer that pads every batch to one shape, e.g. `FixedBatch`).
         on_result: called per image, in completion order, in the calling thread.
     Returns:
         RunSummary: per-image results in input order, wall time, per-stage timings.
@@ -79,7 +85,8 @@ def enhance_folder(
         batch = max_batch or (32 if device.type == "cuda" else enhancer.settings.batch_size)
         restorer = CropRestorer(enhancer.restore_fn, device, enhancer.size, max_batch=batch, dtype=enhancer.dtype)
         stages = EnhancerStages(enhancer, naming, paths, stems, paste, save_faces, save_comparison)
-        cfg = RunnerConfig(workers=workers, max_batch=batch, max_wait_ms=max_wait_ms, max_inflight=max_inflight)
+        cfg = RunnerConfig(workers=workers, max_batch=batch, max_wait_ms=max_wait_ms, max_inflight=max_inflight,
+                           bucket_batches=bucket_batches, detect_batch=detect_batch)
         return run_pipeline(paths, stages, restorer, cfg, on_result=on_result, before_restore=stages.before_restore,
                             restored_on_device=stages.device_paste_possible)
     finally:

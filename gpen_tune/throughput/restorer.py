@@ -66,6 +66,7 @@ class PendingBatch:
     def __init__(self, owner: CropRestorer, n: int, host: torch.Tensor | None, done: torch.cuda.Event | None,
                  events: tuple | None, ready: list[np.ndarray] | None = None, device_out: torch.Tensor | None = None):
         self._owner, self._n, self._host, self._done = owner, n, host, done
+        self.submitted_at = time.perf_counter()
         self._events, self._ready, self._device_out = events, ready, device_out
 
     def result(self) -> list[np.ndarray]:
@@ -124,6 +125,7 @@ class CropRestorer:
     def submit(self, crops: Sequence[np.ndarray]) -> PendingBatch:
         """Start restoring `crops` (each [S,S,3] uint8 RGB); at most one earlier batch should still be pending."""
         n = len(crops)
+        t0 = time.perf_counter()
         if n == 0:
             return PendingBatch(self, 0, None, None, None, ready=[])
         if n > self.limit:
@@ -131,9 +133,9 @@ class CropRestorer:
         self.times.batches += 1
         self.times.faces += n
         self.times.batch_sizes[n] = self.times.batch_sizes.get(n, 0) + 1
-        if not self.cuda:
-            return self._submit_cpu(crops)
-        return self._submit_cuda(crops)
+        batch = self._submit_cpu(crops) if not self.cuda else self._submit_cuda(crops)
+        batch.submitted_at = t0
+        return batch
 
     def __call__(self, crops: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Restore any number of crops synchronously, in bucket-sized batches."""

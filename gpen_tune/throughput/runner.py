@@ -61,6 +61,7 @@ class RunnerConfig:
     max_wait_ms: float = 5.0              # how long a partial batch waits for more faces
     max_inflight: int | None = None       # images between "prepare started" and "result posted"
     bucket_batches: bool = True           # batches are bucket sizes; False: take up to the limit (padded restorer)
+    detect_batch: int = 1                 # images a prepare worker takes at once (one batched detector call)
 
     def resolved(self, device_type: str) -> tuple[int, int, int]:
         """(workers, max_batch, max_inflight) with the defaults filled in."""
@@ -190,6 +191,7 @@ class _Run:
         self.workers, max_batch, self.max_inflight = config.resolved(restorer.device.type)
         restorer.limit = min(restorer.limit, max_batch)
         self.max_wait = config.max_wait_ms / 1000.0
+        self.detect_batch = max(1, config.detect_batch)
         self.take = bucket_floor if config.bucket_batches else (lambda n, limit: min(n, limit))
         self.before_restore = before_restore
         self.on_device = restored_on_device
@@ -281,27 +283,61 @@ class _Run:
 
     def _prepare_worker(self) -> None:
         try:
-            while True:
+            last = False
+            while not last:
                 index = self._get(self.in_q)
                 if index is None:   # end of input or stop
                     return
+                group = [index]
+                while len(group) < self.detect_batch:     # take what is already queued, never wait for more
+                    try:
+                        nxt = self.in_q.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is None:
+                        last = True
+                        break
+                    group.append(nxt)
                 t0 = time.perf_counter()
                 try:
-                    job = self.stages.prepare(index, self.paths[index])
-                    crops = list(self.stages.crops(job))
-                except KeyboardInterrupt:
-                    raise
-                except Exception as exc:
-                    self._fail(index, exc)
-                    continue
+                    outcomes = self._prepare_group(group)
                 finally:
                     self._add_time("prepare_s", time.perf_counter() - t0)
-                state = _JobState(index, self.paths[index], job, crops, [None] * len(crops), len(crops))
-                if not self._put(self.ready_q, state):
-                    return
+                for i, job in zip(group, outcomes, strict=True):
+                    if isinstance(job, Exception):
+                        self._fail(i, job)
+                        continue
+                    try:
+                        crops = list(self.stages.crops(job))
+                    except Exception as exc:
+                        self._fail(i, exc)
+                        continue
+                    state = _JobState(i, self.paths[i], job, crops, [None] * len(crops), len(crops))
+                    if not self._put(self.ready_q, state):
+                        return
         finally:
             if not self.stop.is_set():
                 self._put(self.ready_q, _DONE)
+
+    def _prepare_group(self, group: list[int]) -> list[Any]:
+        """Jobs (or the exception of each failed image) for a group of indices; one detector call when possible."""
+        many = getattr(self.stages, "prepare_many", None)
+        if len(group) > 1 and many is not None:
+            try:
+                return list(many(group, [self.paths[i] for i in group]))
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:
+                return [exc] * len(group)
+        out: list[Any] = []
+        for i in group:
+            try:
+                out.append(self.stages.prepare(i, self.paths[i]))
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:
+                out.append(exc)
+        return out
 
     def _gpu_stage(self) -> None:
         pending: list[tuple[_JobState, int]] = []    # faces waiting for a batch, arrival order
@@ -309,6 +345,7 @@ class _Run:
         producers = self.workers
         deadline = 0.0
         t_start = time.perf_counter()
+        on_restored = getattr(self.stages, "restored", None)     # optional: per-face share of the batch time
 
         def complete() -> bool:
             nonlocal inflight
@@ -324,7 +361,10 @@ class _Run:
                 self._fail_entries(entries, exc)
                 return True
             dev = batch.device_out if self.on_device else None
+            share = (time.perf_counter() - batch.submitted_at) / len(entries)
             for i, (state, k) in enumerate(entries):
+                if on_restored is not None:
+                    on_restored(state.job, share)
                 state.restored[k] = outs[i]
                 if dev is not None:
                     if state.restored_device is None:

@@ -72,10 +72,22 @@ class EnhancerStages:
             raise ImageReadError(job.error)
         return _Item(index, job)
 
+    def prepare_many(self, indices: Sequence[int], paths: Sequence[Path]) -> list[_Item | Exception]:
+        """Several images with one detector call (same-size images share a forward pass on the GPU)."""
+        from gpen_tune.imageio import ImageReadError
+
+        jobs = self.enhancer.prepare(list(paths))
+        return [ImageReadError(job.error) if job.status == "error" else _Item(i, job)
+                for i, job in zip(indices, jobs, strict=True)]
+
     def crops(self, item: _Item) -> list[np.ndarray]:
         if self.enhancer.settings.strength <= 0:
             return []
         return [f.crop for f in item.job.faces]
+
+    def restored(self, item: _Item, seconds: float) -> None:
+        """The runner's per-face share of its batch's time, as the serial path's "restore" timing."""
+        item.job.add_time("restore", seconds)
 
     def finish(self, item: _Item, restored: list[np.ndarray], restored_device: list[Any] | None = None) -> Path:
         job = item.job
