@@ -11,7 +11,7 @@ fraction (sum of CUDA-event-timed generator calls / wall; also NVML utilisation 
 memory (allocated and reserved), peak host RSS, and the pipeline's per-stage timings, and compares the outputs.
 
     # GPU (the lead's run; ~3-5 minutes on an H200 including compile warm-up):
-    python benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 600 --batch 32 --out benchmarks/results
+    python benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 480 --batch 32 --out benchmarks/results
     # CPU, tiny (tests and a smoke check here):
     python benchmarks/throughput.py --tiny --out /tmp/tp
 
@@ -304,13 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", default="synthetic", help="synthetic (timing does not depend on weights) or a path")
     ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     ap.add_argument("--preset", default="speed", help="tune preset (speed | balanced | low-memory) or none")
-    ap.add_argument("--images", type=int, default=None, help="folder size (default 600 on CUDA, 4 with --tiny)")
+    ap.add_argument("--images", type=int, default=None, help="folder size (default 480 on CUDA, 4 with --tiny)")
     ap.add_argument("--batch", type=int, default=None, help="faces per generator call (default 32 on CUDA, else 4)")
     ap.add_argument("--workers", type=int, default=None, help="threads per CPU stage (default: half the cores)")
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
     ap.add_argument("--paste", default="auto", choices=("auto", "cpu", "gpu"))
     ap.add_argument("--detect-batch", type=int, default=1, help="images per detector call in a prepare worker")
     ap.add_argument("--detector", default="mtcnn", help="mtcnn works offline; retinaface needs cached weights")
+    ap.add_argument("--det-size", type=int, default=1024, help="long side the detector sees (0 = native)")
     ap.add_argument("--skip-serial", action="store_true")
     ap.add_argument("--workdir", type=Path, default=None, help="where the folders go (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -323,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         args.images = args.images or 4
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if args.device == "auto" else args.device))
-    args.images = args.images or (600 if device.type == "cuda" else 8)
+    args.images = args.images or (480 if device.type == "cuda" else 8)
     batch = args.batch or (32 if device.type == "cuda" else 4)
     command = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
     t_start = time.perf_counter()
@@ -343,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     restore_fn = FixedBatch(restore, batch) if compiled_or_graphed else restore   # one input shape: one compile
     meter = BusyMeter(restore_fn)
     settings = EnhanceSettings(model=args.model, weights=args.weights, detector=args.detector, device=device.type,
-                               batch_size=batch)
+                               batch_size=batch, det_size=args.det_size or None)
     inner = getattr(restore, "model", None)
     enhancer = Enhancer(settings, model=inner if inner is not None else model, restore=meter)
 
