@@ -48,8 +48,11 @@ class EnhancerStages:
         self.paste = paste
         self.save_faces = save_faces
         self.save_comparison = save_comparison
+        # build lazily-created parts once, here: their properties are not safe to race from worker threads
         if not enhancer.settings.aligned:
-            _ = enhancer.detector            # build it once: the property is not safe to race from threads
+            _ = enhancer.detector
+        if enhancer.settings.parse_mask and not enhancer.settings.aligned and enhancer.settings.strength > 0:
+            _ = enhancer.parser
 
     @property
     def device_paste_possible(self) -> bool:
