@@ -69,6 +69,10 @@ class PendingBatch:
         self.submitted_at = time.perf_counter()
         self._events, self._ready, self._device_out = events, ready, device_out
 
+    def done(self) -> bool:
+        """Whether the device has finished this batch (never blocks)."""
+        return self._ready is not None or self._done is None or self._done.query()
+
     def result(self) -> list[np.ndarray]:
         if self._ready is not None:
             return self._ready

@@ -34,6 +34,7 @@ from gpen_tune.throughput.restorer import CropRestorer, PendingBatch
 
 _DONE = object()      # a prepare worker has no more input
 _POLL_S = 0.05        # how often blocked threads look at the stop flag
+_BUSY_POLL_S = 0.001  # how often a partial batch checks whether the device has become free
 
 
 class Stages(Protocol):
@@ -58,7 +59,7 @@ class RunnerConfig:
 
     workers: int | None = None            # threads per CPU stage (prepare and finish each)
     max_batch: int | None = None          # largest generator batch (rounded down to a CUDA-graph bucket)
-    max_wait_ms: float = 5.0              # how long a partial batch waits for more faces
+    max_wait_ms: float = 5.0              # how long a partial batch waits for more faces (device idle)
     max_inflight: int | None = None       # images between "prepare started" and "result posted"
     bucket_batches: bool = True           # batches are bucket sizes; False: take up to the limit (padded restorer)
     detect_batch: int = 1                 # images a prepare worker takes at once (one batched detector call)
@@ -420,6 +421,10 @@ class _Run:
                 if item is None:
                     if self.stop.is_set():
                         break
+                    if inflight is not None and not inflight[0].done():
+                        # the device is still busy: a partial batch would only queue behind it, so keep filling
+                        deadline = time.perf_counter() + _BUSY_POLL_S
+                        continue
                     if not launch(self.take(len(pending), limit)):   # waited long enough: run what is there
                         break
                     deadline = time.perf_counter() + self.max_wait
