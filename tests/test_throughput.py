@@ -474,3 +474,29 @@ def test_cuda_folder_matches_serial_with_gpu_paste(mixed_folder, tmp_path):
             x, y = cv2.imread(str(a.output)).astype(int), cv2.imread(str(b.output)).astype(int)
             assert np.abs(x - y).max() <= TOLERANCE, a.path.name
     enh.close()
+
+
+def test_fixed_batch_padding_and_unbucketed_runner(enhancer, tmp_path):
+    """FixedBatch pads to one shape and returns the rows asked for; the runner then takes any count up to it."""
+    from gpen_tune.throughput.restorer import FixedBatch
+
+    seen: list[int] = []
+
+    def spy(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x.shape[0])
+        return enhancer.restore_fn(x)
+
+    crops = list(samples.aligned_face_crops(enhancer.size, 3))
+    fixed = FixedBatch(spy, 4)
+    got = CropRestorer(fixed, "cpu", enhancer.size, max_batch=4).submit(crops).result()
+    want = CropRestorer(enhancer.restore_fn, "cpu", enhancer.size, max_batch=4).submit(crops).result()
+    assert seen == [4] and len(got) == 3
+    assert max(np.abs(a.astype(int) - b.astype(int)).max() for a, b in zip(got, want, strict=True)) <= TOLERANCE
+
+    src = tmp_path / "in"
+    src.mkdir()
+    paths = [_write(src / "m.png", samples.mosaic(3, 1))]
+    stages = EnhancerStages(enhancer, OutputNaming(tmp_path), paths)
+    restorer = CropRestorer(FixedBatch(enhancer.restore_fn, 4), "cpu", enhancer.size, max_batch=4)
+    summary = run_pipeline(paths, stages, restorer, RunnerConfig(workers=1, max_batch=4, bucket_batches=False))
+    assert summary.faces == 3 and summary.stages["batch_sizes"] == {3: 1}    # 3 faces in one call, not 2 + 1
