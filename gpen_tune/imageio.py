@@ -12,8 +12,10 @@ What happens to each kind of input (documented behaviour, tested in tests/test_i
   * 16-bit PNG/TIFF: the network sees an 8-bit copy (value / 257, rounded); restored faces are scaled back by 257
     and pasted into the original 16-bit pixels, so every untouched pixel keeps all 16 bits. Output stays 16-bit for
     PNG/TIFF (PNG keeps ICC and EXIF; 16-bit TIFF output carries no metadata), and is 8-bit for other formats.
-  * images over 100 megapixels are refused (not tiled): the message says so. Detection already runs on a
-    downscaled copy and the paste touches only face regions, but the decoded frame itself must fit in memory.
+  * images over 100 megapixels are refused (not tiled), with a message naming the size and the limit. Below the
+    limit big photos are fine: detection runs on a downscaled copy (--det-size) and the default --face-crop paste
+    touches only each face's region, so per-face cost does not grow with the frame; the limit exists because
+    the decoded frame (and its output copy) must fit in host memory.
   * zero-byte, truncated, non-image and unsupported files raise `ImageReadError` naming the file and the reason.
 
 Writing goes to a temporary file in the output folder followed by `os.replace`, so a crash never leaves a half
@@ -137,10 +139,14 @@ def _exif_without_orientation(img: Image.Image) -> tuple[bytes | None, int | Non
     if not len(exif):
         return None, None
     orientation = exif.get(ORIENTATION_TAG)
-    if orientation is not None:
-        exif[ORIENTATION_TAG] = 1
     try:
-        return exif.tobytes(), orientation
+        if orientation is None:
+            return exif.tobytes(), None
+        exif[ORIENTATION_TAG] = 1                     # the copy we write; the image keeps its own for transposing
+        try:
+            return exif.tobytes(), orientation
+        finally:
+            exif[ORIENTATION_TAG] = orientation
     except Exception:  # noqa: BLE001
         return None, orientation
 

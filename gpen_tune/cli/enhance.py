@@ -137,19 +137,24 @@ def enhance(
                                               rich_help_panel=IO_PANEL)] = "{name}{suffix}.{ext}",
     report: Annotated[Path | None, typer.Option(help="Write a JSON report: per image status, faces, timings.",
                                                 rich_help_panel=IO_PANEL)] = None,
-    save_faces: Annotated[bool, typer.Option(help="Also write each aligned crop next to its restoration "
-                                                  "(OUTDIR/faces/).", rich_help_panel=IO_PANEL)] = False,
-    save_comparison: Annotated[bool, typer.Option(help="Also write input | output side by side "
-                                                       "(OUTDIR/comparisons/).", rich_help_panel=IO_PANEL)] = False,
-    strength: Annotated[float, typer.Option(min=0.0, max=1.0, help="Blend of restored over original: 0 = input "
-                                            "unchanged, 1 = fully restored.", rich_help_panel=FACE_PANEL)] = 1.0,
-    aligned: Annotated[bool, typer.Option(help="Inputs are already aligned face crops: no detection, no paste.",
-                                          rich_help_panel=FACE_PANEL)] = False,
-    only_center_face: Annotated[bool, typer.Option(help="Restore only the face closest to the image centre.",
-                                                   rich_help_panel=FACE_PANEL)] = False,
-    parse_mask: Annotated[bool, typer.Option(help="Paste through a face-parsing mask (ParseNet, downloaded once; "
-                                             "costs more than GPEN-512 per face).",
-                                             rich_help_panel=FACE_PANEL)] = False,
+    save_faces: Annotated[bool, typer.Option(
+        "--save-faces", help="Also write each aligned crop next to its restoration (OUTDIR/faces/).",
+        rich_help_panel=IO_PANEL)] = False,
+    save_comparison: Annotated[bool, typer.Option(
+        "--save-comparison", help="Also write input | output side by side (OUTDIR/comparisons/).",
+        rich_help_panel=IO_PANEL)] = False,
+    strength: Annotated[float, typer.Option(
+        min=0.0, max=1.0, help="Blend of restored over original: 0 = input unchanged, 1 = fully restored.",
+        rich_help_panel=FACE_PANEL)] = 1.0,
+    aligned: Annotated[bool, typer.Option(
+        "--aligned", help="Inputs are already aligned face crops: no detection, no paste.",
+        rich_help_panel=FACE_PANEL)] = False,
+    only_center_face: Annotated[bool, typer.Option(
+        "--only-center-face", help="Restore only the face closest to the image centre.",
+        rich_help_panel=FACE_PANEL)] = False,
+    parse_mask: Annotated[bool, typer.Option(
+        "--parse-mask", help="Paste through a face-parsing mask (ParseNet, downloaded once; costs more than "
+        "GPEN-512 per face).", rich_help_panel=FACE_PANEL)] = False,
     model: Annotated[str, typer.Option(help="GPEN model: GPEN-BFR-256, -512, -1024, -2048.",
                                        rich_help_panel=MODEL_PANEL)] = "GPEN-BFR-512",
     weights: Annotated[str | None, typer.Option(help="Weights: a .pth path, a registry name, or 'synthetic' "
@@ -228,9 +233,11 @@ def run_enhance(files, output, settings, *, ext, suffix, name_pattern, report, s
     t0 = time.perf_counter()
     try:
         enhancer = Enhancer(settings, notify=notice)
-        # build the detector now: a missing weights file fails before any image
+        # build the detector (and parser) now: a missing weights file fails before any image
         detector_name = None if settings.aligned else enhancer.detector.name
-    except (ValueError, KeyError, DetectorError, CheckpointError, WeightsNotFoundError, OSError) as e:
+        if settings.parse_mask and not settings.aligned:
+            _ = enhancer.parser
+    except (ValueError, KeyError, RuntimeError, DetectorError, CheckpointError, WeightsNotFoundError, OSError) as e:
         raise fail(str(e).strip("'\"")) from None
     naming = OutputNaming(output, ext=ext, suffix=suffix, pattern=name_pattern)
     clash = [p for p, stem in files if _would_overwrite(p, stem, naming, inputs_resolved)]

@@ -21,6 +21,15 @@ PARSE_SIZE = 512
 DROPPED_CLASSES = (0, 14, 18)        # background, hat, cloth
 
 
+def class_mask(classes: np.ndarray, size: int) -> np.ndarray:
+    """Parsing classes [512, 512] -> soft paste mask [size, size]: face classes kept, border cleared, feathered at
+    512 scale, then resized (as upstream)."""
+    m = feather((~np.isin(classes, DROPPED_CLASSES)).astype(np.float32))
+    if m.shape[0] != size:
+        m = cv2.resize(m, (size, size), interpolation=cv2.INTER_LINEAR)
+    return m
+
+
 class FaceParser:
     """Batched parse masks [S, S] float32 for restored crops."""
 
@@ -51,15 +60,7 @@ class FaceParser:
         x = np.stack([cv2.resize(f, (PARSE_SIZE, PARSE_SIZE), interpolation=cv2.INTER_LINEAR) for f in faces])
         t = torch.from_numpy(x).to(self.device).permute(0, 3, 1, 2).float() / 127.5 - 1.0   # [B,3,512,512] RGB
         classes = self.net(t)[0].argmax(1).cpu().numpy()                                     # [B, 512, 512]
-        keep = ~np.isin(classes, DROPPED_CLASSES)
-        out = []
-        for face, k in zip(faces, keep, strict=True):
-            m = feather(k.astype(np.float32))
-            size = face.shape[0]
-            if size != PARSE_SIZE:
-                m = cv2.resize(m, (size, size), interpolation=cv2.INTER_LINEAR)
-            out.append(m)
-        return out
+        return [class_mask(c, face.shape[0]) for c, face in zip(classes, faces, strict=True)]
 
     def close(self) -> None:
         self.net = None

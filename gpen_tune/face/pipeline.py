@@ -197,14 +197,15 @@ class Enhancer:
         """
         self.settings = settings or EnhanceSettings()
         self.notify = notify
-        self.device = resolve_device(self.settings.device, notify)
+        if model is not None:
+            self.device = next(model.parameters()).device
+        else:
+            self.device = resolve_device(self.settings.device, notify)
         if model is None and not (restore is not None and size is not None):
             from gpen_tune.model.load import load_model
 
             model = load_model(resolve_weights(self.settings, notify), model=self.settings.model, device=self.device)
         self.model = model
-        if model is not None:
-            self.device = next(model.parameters()).device
         self.size = size or model.cfg.size
         self.dtype = getattr(model, "compute_dtype", torch.float32) if model is not None else torch.float32
         self.restore_fn: Restore = restore or _model_restore(model)
@@ -424,22 +425,20 @@ def enhance_paths(
 def _save_faces(job: ImageJob, naming: OutputNaming, stem: str, fmt: str) -> None:
     from gpen_tune.imageio import FORMAT_TO_EXT
 
-    folder = naming.outdir / "faces"
-    folder.mkdir(exist_ok=True)
     for i, face in enumerate(job.faces):
         if face.restored is None:
             continue
-        pair = np.hstack([face.crop, face.restored])
-        write_image(Picture(pair), folder / f"{stem}_face{i:02d}.{FORMAT_TO_EXT[fmt]}", fmt)
+        path = naming.outdir / "faces" / f"{stem}_face{i:02d}.{FORMAT_TO_EXT[fmt]}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_image(Picture(np.hstack([face.crop, face.restored])), path, fmt)
 
 
 def _save_comparison(job: ImageJob, naming: OutputNaming, stem: str, fmt: str) -> None:
     from gpen_tune.imageio import FORMAT_TO_EXT
 
-    folder = naming.outdir / "comparisons"
-    folder.mkdir(exist_ok=True)
-    side = np.hstack([job.picture.rgb8(), job.result.rgb8()])
-    write_image(Picture(side), folder / f"{stem}.{FORMAT_TO_EXT[fmt]}", fmt)
+    path = naming.outdir / "comparisons" / f"{stem}.{FORMAT_TO_EXT[fmt]}"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_image(Picture(np.hstack([job.picture.rgb8(), job.result.rgb8()])), path, fmt)
 
 
 def enhance_image(
