@@ -120,9 +120,10 @@ def run_bench(s: BenchSettings, log: Callable[[str], None] = print) -> dict:
               "rows": []}
     started = time.perf_counter()
     reference: torch.Tensor | None = None
-    # the default row runs first: it is every other row's reference
+    # the default row runs first (every other row's reference), compiled rows last: under --max-minutes a slow
+    # compile can only cost compiled rows; the table keeps the requested order
     todo = [r for r in rows if r.name == "default"] or select_rows(["default"])
-    todo += [r for r in rows if r.name != "default"]
+    todo += sorted((r for r in rows if r.name != "default"), key=lambda r: r.cfg.compile is not None)
     for row in todo:
         shown = row in rows
         explicit = s.rows is not None and row.name in s.rows
@@ -153,6 +154,8 @@ def run_bench(s: BenchSettings, log: Callable[[str], None] = print) -> dict:
             entry["max_abs"] = max_abs(outs, reference)
         if shown:
             result["rows"].append(entry)
+    order = {r.name: i for i, r in enumerate(rows)}
+    result["rows"].sort(key=lambda entry: order[entry["name"]])
     result["meta"]["seconds"] = round(time.perf_counter() - started, 1)
     return result
 
