@@ -109,7 +109,8 @@ class GraphedForward:
 
         bucket, shape, dtype, device = key
         start = time.perf_counter()
-        static_in = torch.zeros((bucket, *shape), dtype=dtype, device=device)
+        with torch.inference_mode(False):  # a normal tensor: refillable inside and outside inference_mode
+            static_in = torch.zeros((bucket, *shape), dtype=dtype, device=device)
         graph = torch.cuda.CUDAGraph()
         try:
             side = torch.cuda.Stream(device=device)

@@ -37,8 +37,12 @@ def pipeline_settings(cfg: TuneConfig) -> dict[str, Any]:
 
 
 def apply(settings: Any, cfg: TuneConfig) -> Any:
-    """A copy of the pipeline's settings (a dataclass, or anything with those attributes) with the switch applied."""
+    """A copy of the pipeline's settings (a dataclass, a dict, or anything with those attributes) with the switch
+    applied; a det_size the user already chose is kept when the switch is on."""
     values = pipeline_settings(cfg)
+    chosen = settings.get("det_size") if isinstance(settings, dict) else getattr(settings, "det_size", None)
+    if cfg.face_crop and chosen:
+        values["det_size"] = chosen
     if dataclasses.is_dataclass(settings) and not isinstance(settings, type):
         return dataclasses.replace(settings, **values)
     if isinstance(settings, dict):

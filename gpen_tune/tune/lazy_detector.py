@@ -89,6 +89,12 @@ class LazyDetector:
             return torch.device(self._detector.device)
         return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
+    def __getattr__(self, name: str) -> Any:
+        """Anything else the pipeline reads (e.g. `det_size`) comes from the real detector, built if needed."""
+        if name.startswith("_") or name in ("factory", "policy", "min_free_bytes", "builds", "releases"):
+            raise AttributeError(name)
+        return getattr(self.detector, name)
+
     def detect(self, images: list) -> list:
         return self.detector.detect(images)
 
