@@ -50,6 +50,8 @@ VARIANTS: dict[str, dict] = {
     "fused_fp16_triton": dict(kind="fused", dtype="fp16", flags=dict(epilogue="triton"), cuda=True),
     "fused_fp16_triton_graph": dict(kind="fused", dtype="fp16", flags=dict(epilogue="triton"), graph=True,
                                     cuda=True),
+    "fused_bf16_triton_nobench": dict(kind="fused", dtype="bf16", flags=dict(epilogue="triton"), cuda=True,
+                                      cudnn_benchmark=False),
     "fused_bf16_torch": dict(kind="fused", dtype="bf16", flags=dict(epilogue="torch")),
     "fused_bf16_torch_nchw": dict(kind="fused", dtype="bf16", flags=dict(epilogue="torch", channels_last=False)),
     "fused_bf16_triton_encconv": dict(kind="fused", dtype="bf16", flags=dict(epilogue="triton", enc_blur="conv"),
@@ -80,6 +82,7 @@ def plan(quick: bool, tiny: bool) -> list[tuple[str, str, tuple[int, ...]]]:
             ("main", "fused_bf16_triton", (1, 16, 64, 128)),
             ("main", "fused_bf16_triton_graph", (1, 4)),
             ("main", "fused_fp16_triton", (1, 64)),
+            ("main", "fused_bf16_triton_nobench", (1, 4)),
             ("main", "model_fp32", (1, 16)),
             ("main", "fused_bf16_torch", (1, 64)),
             ("small", "reference_fp32", (1, 16)),
@@ -94,6 +97,7 @@ def plan(quick: bool, tiny: bool) -> list[tuple[str, str, tuple[int, ...]]]:
         ("main", "fused_bf16_triton_graph", graph_b),
         ("main", "fused_fp16_triton", big),
         ("main", "fused_fp16_triton_graph", (1, 4)),
+        ("main", "fused_bf16_triton_nobench", (1, 4, 64)),
         ("main", "model_fp32", (1, 4, 16)),
         ("main", "fused_fp32_triton", (1, 16)),
         ("main", "fused_bf16_torch", (1, 16, 64)),
@@ -430,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="~2 minute subset")
     ap.add_argument("--variants", default=None, help="comma list: only these variants")
     ap.add_argument("--profile", default=None, metavar="VARIANT", help="also write torch.profiler tables")
-    ap.add_argument("--budget-s", type=float, default=None, help="stop starting rows after this many seconds (380; 100 with --quick)")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop starting rows after this many seconds (380; 100 with --quick)")
     ap.add_argument("--target-s", type=float, default=None, help="timed seconds per row (0.4 / 0.25 quick)")
     ap.add_argument("--n-ref", type=int, default=16, help="distinct faces (reference outputs) per model")
     ap.add_argument("--no-cudnn-benchmark", action="store_true")
@@ -512,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
             base_alloc = base_res = 0
         fn = None
         build_err = None
+        cudnn_bench = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = VARIANTS[name].get("cudnn_benchmark", cudnn_bench)
         try:
             if time.perf_counter() - t_start > budget:
                 raise SkipRow("time budget")
@@ -556,6 +563,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name:28} {label:13} bs{b:<4} {row['status']}: {row.get('error', row.get('reason'))}",
                       flush=True)
         del fn
+        torch.backends.cudnn.benchmark = cudnn_bench
         if name.endswith("compile") or VARIANTS[name].get("compile"):
             torch._dynamo.reset()
 
