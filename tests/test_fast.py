@@ -310,7 +310,7 @@ def test_benchmark_script_tiny_cpu(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, str(ROOT / "benchmarks" / "generator_limit.py"), "--device", "cpu", "--model", "tiny",
            "--out", str(tmp_path), "--variants", "fused_bf16_torch,fused_bf16_triton", "--target-s", "0.01",
-           "--n-ref", "4"]
+           "--n-ref", "2"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = list(tmp_path.glob("generator_limit_*.json"))
