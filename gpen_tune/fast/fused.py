@@ -29,7 +29,6 @@ from gpen_tune.fast import epilogue as E
 from gpen_tune.fast import triton_kernels as T
 from gpen_tune.model.gpen import FullGenerator
 from gpen_tune.model.layers import Blur, EqualConv2d, FusedLeakyReLU
-from gpen_tune.ops.fir import upfirdn2d
 
 EPILOGUES = ("auto", "torch", "triton")
 BLUR_IMPLS = ("slices", "conv")
@@ -117,8 +116,9 @@ class _ToRGB(nn.Module):
                              .contiguous(), persistent=False)                   # [cin, 3]
         self.register_buffer("bias", trgb.bias.detach().float().reshape(1, 3, 1, 1).clone(), persistent=False)
         up = getattr(trgb, "upsample", None)
-        self.register_buffer("up_kernel", None if up is None else up.kernel.detach().float().clone(),
-                             persistent=False)
+        # upfirdn2d(skip, K, up=2, pad=(2, 1)) == conv_transpose2d(skip, K, stride 2, padding 1, groups 3): 1 launch
+        self.register_buffer("up_weight", None if up is None else
+                             up.kernel.detach().float().expand(3, 1, 4, 4).contiguous(), persistent=False)
 
 
 class FusedGenerator(nn.Module):
@@ -157,6 +157,7 @@ class FusedGenerator(nn.Module):
                              persistent=False)
         self.mod_sizes = [m.weight.shape[0] for m in mods]
         self.register_buffer("const", g.input.input.detach().float().clone(), persistent=False)
+        self.register_buffer("demod_eps", torch.tensor(1e-8), persistent=False)
         self._use_triton = None  # decided on the first call (depends on the device)
 
     # -------------------------------------------------------------------------------------------------------
@@ -203,7 +204,11 @@ class FusedGenerator(nn.Module):
         for i in range(self.map_w.shape[0]):
             w = E.lrelu_gain(w @ self.map_w[i].t() + self.map_b[i])
         s = torch.addmm(self.mod_b, w, self.mod_w.t())                    # every layer's style in one GEMM
-        return list(torch.split(s, self.mod_sizes, dim=1))
+        return s
+
+    def _demod(self, s_sq: torch.Tensor, layer: _StyledLayer) -> torch.Tensor:
+        """d[b, o] = rsqrt(sum_i s[b,i]^2 * sum_k W[o,i,k]^2 + 1e-8), fp32 (a cin*9-term sum overflows fp16)."""
+        return torch.rsqrt(torch.addmm(self.demod_eps, s_sq, layer.wsq))
 
     def _to_rgb(self, buf: torch.Tensor, rgb: _ToRGB, s_rgb: torch.Tensor, s_buf: torch.Tensor,
                 skip: torch.Tensor | None) -> torch.Tensor:
@@ -216,7 +221,7 @@ class FusedGenerator(nn.Module):
             out = _bmm_f32(wt.transpose(1, 2), buf.reshape(bsz, c2, h * w)).view(bsz, 3, h, w)
         out = out + rgb.bias
         if skip is not None:
-            out = out + upfirdn2d(skip, rgb.up_kernel, up=2, pad=(2, 1))
+            out = out + F.conv_transpose2d(skip, rgb.up_weight, stride=2, padding=1, groups=3)
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -227,9 +232,12 @@ class FusedGenerator(nn.Module):
         x = _cl(x.to(self.dtype), cl)
         feats = self._encode(x, use_triton)
         del x
-        styles = self._styles(feats[-1])
+        styles = self._styles(feats[-1])                                   # [B, sum of cin], fp32
         n_conv = len(self.layers)
-        s_conv, s_rgb = styles[:n_conv], styles[n_conv:]
+        s_all = torch.split(styles, self.mod_sizes, dim=1)
+        sq_all = torch.split(styles.square(), self.mod_sizes, dim=1)
+        safe_all = torch.split(E.safe_style(styles), self.mod_sizes, dim=1)
+        s_conv, s_rgb = s_all[:n_conv], s_all[n_conv:]
         dt = self.dtype
 
         buf = _cl((self.const * s_conv[0][:, :, None, None]).to(dt), cl)     # conv1's modulated input
@@ -244,12 +252,10 @@ class FusedGenerator(nn.Module):
                 y = F.conv2d(buf, layer.weight, padding=layer.padding)
             y = _cl(y, cl)
             del buf
-            s_in = s_conv[k]
-            d = torch.rsqrt(s_in.square() @ layer.wsq + 1e-8)                # [B, cout] fp32 demodulation
+            d = self._demod(sq_all[k], layer)                                # [B, cout] fp32 demodulation
             last_of_level = k == 0 or not layer.upsample
             rgb_idx = 0 if k == 0 else (k - 1) // 2 + 1
-            s_next = s_conv[k + 1] if k + 1 < n_conv else s_rgb[rgb_idx]
-            s_next = E.safe_style(s_next)
+            s_next = safe_all[k + 1] if k + 1 < n_conv else safe_all[n_conv + rgb_idx]
             c = layer.cout
             s_h, s_f = s_next[:, :c], s_next[:, c:]
             if use_triton:
@@ -267,13 +273,16 @@ class FusedGenerator(nn.Module):
         return skip.contiguous()
 
 
+_BMM_OUT_DTYPE = [True]  # cleared once if this torch has no fp32-output bmm for half inputs
+
+
 def _bmm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b with fp32 output; half inputs on CUDA use the fp32-output GEMM (no upcast copy of a)."""
-    if a.dtype in (torch.float16, torch.bfloat16) and a.is_cuda:
+    if _BMM_OUT_DTYPE[0] and a.dtype in (torch.float16, torch.bfloat16) and a.is_cuda:
         try:
             return torch.bmm(a, b, out_dtype=torch.float32)
-        except (TypeError, RuntimeError):
-            pass
+        except (TypeError, RuntimeError, NotImplementedError):
+            _BMM_OUT_DTYPE[0] = False
     return torch.bmm(a, b).float()
 
 

@@ -45,7 +45,7 @@ if triton is not None:
 
     @triton.jit
     def _styled_epilogue_kernel(y_ptr, f_ptr, out_ptr, d_ptr, bh_ptr, sh_ptr, bf_ptr, sf_ptr, taps_ptr, nw, gain,
-                                C, H, W, HY, WY, n_tx,
+                                C, H, W, HY, WY, n_tx, d_stride, sh_stride, sf_stride,
                                 BLUR: tl.constexpr, PAD: tl.constexpr, TILE_Y: tl.constexpr,
                                 TILE_X: tl.constexpr, BLOCK_C: tl.constexpr):
         pid_t = tl.program_id(0)
@@ -74,9 +74,9 @@ if triton is not None:
         else:
             off = ((b * H + py) * W + px) * C
             acc = tl.load(y_ptr + off[:, None] + c[None, :], mask=m2, other=0.0).to(tl.float32)
-        d = tl.load(d_ptr + b * C + c, mask=cm, other=0.0)
+        d = tl.load(d_ptr + b * d_stride + c, mask=cm, other=0.0)
         bh = tl.load(bh_ptr + c, mask=cm, other=0.0)
-        sh = tl.load(sh_ptr + b * C + c, mask=cm, other=0.0)
+        sh = tl.load(sh_ptr + b * sh_stride + c, mask=cm, other=0.0)
         a = acc * d[None, :] + bh[None, :]
         a = tl.where(a >= 0, a, a * 0.2) * gain * sh[None, :]
         pix = (b * H + py) * W + px
@@ -84,7 +84,7 @@ if triton is not None:
         tl.store(out_ptr + out_off[:, None] + c[None, :], a.to(out_ptr.dtype.element_ty), mask=m2)
         fv = tl.load(f_ptr + (pix * C)[:, None] + c[None, :], mask=m2, other=0.0).to(tl.float32)
         bf = tl.load(bf_ptr + c, mask=cm, other=0.0)
-        sf = tl.load(sf_ptr + b * C + c, mask=cm, other=0.0)
+        sf = tl.load(sf_ptr + b * sf_stride + c, mask=cm, other=0.0)
         g = fv * nw + bf[None, :]
         g = tl.where(g >= 0, g, g * 0.2) * gain * sf[None, :]
         tl.store(out_ptr + out_off[:, None] + C + c[None, :], g.to(out_ptr.dtype.element_ty), mask=m2)
@@ -130,6 +130,12 @@ if triton is not None:
             tl.store(fb_ptr + bo[:, None] + c[None, :], acc.to(fb_ptr.dtype.element_ty), mask=bm[:, None] & cm[None, :])
 
 
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """A [B, C] fp32 matrix the kernel can index as ptr + b * stride(0) + c (column slices stay views)."""
+    t = t.float()
+    return t if t.stride(1) == 1 else t.contiguous()
+
+
 def _nhwc(x: torch.Tensor) -> bool:
     return x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
 
@@ -150,9 +156,10 @@ def styled_epilogue(y: torch.Tensor, f: torch.Tensor, d: torch.Tensor, b_h: torc
     block_c, tile_y, tile_x = _tiles(c)
     n_tx = triton.cdiv(w, tile_x)
     grid = (triton.cdiv(h, tile_y) * n_tx, triton.cdiv(c, block_c), bsz)
+    d, s_h, s_f = (_rows(t) for t in (d, s_h, s_f))           # [B, C] views with unit column stride, any row stride
     _styled_epilogue_kernel[grid](
-        y, f, out, d.contiguous(), b_h.contiguous(), s_h.contiguous(), b_f.contiguous(), s_f.contiguous(),
-        taps2d if blur else d, float(nw), _SQRT2, c, h, w, hy, wy, n_tx,
+        y, f, out, d, b_h.contiguous(), s_h, b_f.contiguous(), s_f,
+        taps2d if blur else d, float(nw), _SQRT2, c, h, w, hy, wy, n_tx, d.stride(0), s_h.stride(0), s_f.stride(0),
         BLUR=blur, PAD=1, TILE_Y=tile_y, TILE_X=tile_x, BLOCK_C=block_c, num_warps=4,
     )
     return out
