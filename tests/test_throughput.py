@@ -500,3 +500,49 @@ def test_fixed_batch_padding_and_unbucketed_runner(enhancer, tmp_path):
     restorer = CropRestorer(FixedBatch(enhancer.restore_fn, 4), "cpu", enhancer.size, max_batch=4)
     summary = run_pipeline(paths, stages, restorer, RunnerConfig(workers=1, max_batch=4, bucket_batches=False))
     assert summary.faces == 3 and summary.stages["batch_sizes"] == {3: 1}    # 3 faces in one call, not 2 + 1
+
+
+def test_lazy_detector_released_between_batches_is_thread_safe(tmp_path):
+    """The tune part's LazyDetector with policy 'always' (released before every generator batch) under 2 prepare
+    threads: a release never closes the detector while a thread is inside detect(), every image gets its faces,
+    and the detector really was released and rebuilt."""
+    from gpen_tune.face.detect import init_detector
+    from gpen_tune.tune.lazy_detector import LazyDetector
+
+    lock = threading.Lock()
+    state = {"busy": 0, "closed_while_busy": 0}
+
+    class Watched:
+        """The real MTCNN, noting whether it is closed while a detection is running."""
+
+        def __init__(self):
+            self.inner = init_detector("mtcnn", device="cpu")
+            self.name, self.device = self.inner.name, self.inner.device
+
+        def detect(self, images):
+            with lock:
+                state["busy"] += 1
+            try:
+                time.sleep(0.05)                      # widen the window a release could hit
+                return self.inner.detect(images)
+            finally:
+                with lock:
+                    state["busy"] -= 1
+
+        def close(self):
+            with lock:
+                state["closed_while_busy"] += state["busy"] > 0
+            self.inner.close()
+
+    lazy = LazyDetector(Watched, policy="always", device="cpu")
+    model = load_model("synthetic", model=GPENConfig(32, narrow=0.25))
+    enh = Enhancer(EnhanceSettings(device="cpu", detector="mtcnn", batch_size=1), model=model, detector=lazy)
+    src = tmp_path / "in"
+    src.mkdir()
+    face = cv2.resize(samples.astronaut(), (200, 200), interpolation=cv2.INTER_AREA)
+    paths = [_write(src / f"{i}.png", face) for i in range(8)]
+    summary = enhance_folder(paths, tmp_path / "out", enhancer=enh, workers=2, max_batch=1, max_wait_ms=0)
+    assert summary.ok == 8 and summary.faces == 8
+    assert lazy.releases >= 1 and lazy.builds >= 2
+    assert state["closed_while_busy"] == 0
+    enh.close()

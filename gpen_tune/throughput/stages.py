@@ -50,7 +50,9 @@ class EnhancerStages:
         self.save_comparison = save_comparison
         # build lazily-created parts once, here: their properties are not safe to race from worker threads
         if not enhancer.settings.aligned:
-            _ = enhancer.detector
+            det = enhancer.detector
+            if hasattr(det, "before_restore") and not isinstance(det, SharedDetector):
+                enhancer._detector = SharedDetector(det)   # a lazy detector: release only between detections
         if enhancer.settings.parse_mask and not enhancer.settings.aligned and enhancer.settings.strength > 0:
             _ = enhancer.parser
 
@@ -156,3 +158,53 @@ def _side_stream(device: Any) -> Any:
     if stream is None or stream.device != device:
         stream = _local.stream = torch.cuda.Stream(device=device)
     return stream
+
+
+class SharedDetector:
+    """Makes a releasable (lazy) detector safe under the runner: many prepare threads detect at once, while the
+    GPU thread's `before_restore` may release it. Detections share the detector; a release waits until none is
+    running and new detections wait for the release (writer preference), and a rebuild happens once, under
+    the lock. Everything else is forwarded to the wrapped detector.
+    """
+
+    def __init__(self, inner: Any):
+        self._inner = inner
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._releasing = False
+
+    def detect(self, images: list) -> list:
+        with self._cond:
+            while self._releasing:
+                self._cond.wait()
+            self._readers += 1
+            if getattr(self._inner, "loaded", True) is False:
+                _ = self._inner.detector           # rebuild once, here, not in several threads at the same time
+        try:
+            return self._inner.detect(images)
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    def before_restore(self) -> Any:
+        with self._cond:
+            self._releasing = True
+            try:
+                while self._readers:
+                    self._cond.wait()
+                return self._inner.before_restore()
+            finally:
+                self._releasing = False
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            close = getattr(self._inner, "close", None)
+            if callable(close):
+                close()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
