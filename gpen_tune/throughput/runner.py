@@ -181,7 +181,15 @@ def run_pipeline(
         restored_on_device: hand `finish` the restored crops as device tensors ([S,S,3] uint8) for GPU paste.
     """
     run = _Run(list(map(Path, paths)), stages, restorer, config, before_restore, restored_on_device)
-    return run.execute(on_result)
+    import cv2
+
+    threads = cv2.getNumThreads()
+    if run.workers > 1:
+        cv2.setNumThreads(1)     # the workers are the parallelism: no per-call OpenCV thread pools on top
+    try:
+        return run.execute(on_result)
+    finally:
+        cv2.setNumThreads(threads)
 
 
 class _Run:
