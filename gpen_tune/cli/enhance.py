@@ -180,8 +180,8 @@ def enhance(
     workers: Annotated[int | None, typer.Option(min=1, help="CPU threads per stage (decode/detect and "
                                                 "paste/encode) of the pipelined runner (default: half the cores, "
                                                 "1..8).", rich_help_panel=MODEL_PANEL)] = None,
-    serial: Annotated[bool, typer.Option(help="Process images one step at a time (the serial path) instead of "
-                                         "the pipelined runner used for several inputs.",
+    serial: Annotated[bool, typer.Option("--serial", help="Process images one step at a time (the serial path) "
+                                         "instead of the pipelined runner used for several inputs.",
                                          rich_help_panel=MODEL_PANEL)] = False,
 ) -> None:
     """Restore every face in photos: detect, align, restore in batches, paste back seamlessly."""
