@@ -93,6 +93,7 @@ def test_threshold_and_no_face_image():
     assert len(det.detect([img])[0]) <= len(dets)
     flat = np.full((240, 320, 3), 120, np.uint8)
     assert mtcnn().detect([flat]) == [[]]
+    assert mtcnn().detect([np.zeros((12, 30, 3), np.uint8), np.zeros((1, 1, 3), np.uint8)]) == [[], []]
 
 
 def test_unknown_detector_name_lists_choices():

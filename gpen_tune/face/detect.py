@@ -179,6 +179,9 @@ class MTCNNDetector(FaceDetector):
 
         if self.pnet is None:
             raise DetectorError("detector was closed")
+        if min(batch.shape[1:3]) < MTCNN_MIN_FACE:       # no pyramid level fits: nothing to find
+            empty = (np.zeros((0, 4)), np.zeros(0), np.zeros((0, 5, 2)))
+            return [empty] * len(batch)
         boxes, points = detect_face(
             batch, MTCNN_MIN_FACE, self.pnet, self.rnet, self.onet,
             list(MTCNN_STAGE_THRESHOLDS), MTCNN_PYRAMID_FACTOR, self.device,
