@@ -49,7 +49,7 @@ class BenchSettings:
     compile_mode: str = "default"
     amp: str = "bf16"
     cudnn_benchmark: bool = True
-    detector: str = "auto"
+    detector: str = "retinaface-synthetic"  # for the detector+generator memory scenario (CUDA only)
     max_minutes: float | None = None       # rows left when the budget is spent are skipped (reason recorded)
     custom: TuneConfig | None = None       # an extra row from --preset / switch flags
     custom_label: str = "custom"
@@ -128,6 +128,11 @@ def run_bench(s: BenchSettings, log: Callable[[str], None] = print) -> dict:
                                          "gflop_per_face": round(gcfg.flops_per_face() / 1e9, 1)},
               "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(s).items()},
               "rows": []}
+    det_factory, det_label = None, "GPU memory only (CUDA)"
+    if device.type == "cuda":
+        det_factory, det_label = detector_memory.detector_factory(s.detector, device)
+        log(f"detector for the memory scenario: {det_label}")
+    result["meta"]["detector"] = det_label
     started = time.perf_counter()
     reference: torch.Tensor | None = None
     # the default row runs first (every other row's reference), compiled rows last: under --max-minutes a slow
@@ -148,7 +153,7 @@ def run_bench(s: BenchSettings, log: Callable[[str], None] = print) -> dict:
             continue
         log(f"row {row.name}: {row.cfg.describe()}")
         try:
-            entry = _measure_row(row, base, faces, device, s, reference, log)
+            entry = _measure_row(row, base, faces, device, s, log, (det_factory, det_label))
         except Exception as e:  # one broken row must not lose the others
             entry = _row_head(row) | {"status": "error", "reason": f"{type(e).__name__}: {str(e)[:300]}"}
             log(f"  error: {entry['reason']}")
@@ -175,7 +180,7 @@ def _row_head(row: Row) -> dict:
 
 
 def _measure_row(row: Row, base: torch.nn.Module, faces: torch.Tensor, device: torch.device, s: BenchSettings,
-                 reference: torch.Tensor | None, log: Callable[[str], None]) -> dict:
+                 log: Callable[[str], None], detector: tuple[Callable | None, str]) -> dict:
     reset_memory(device)
     model = copy.deepcopy(base).to(device)
     t0 = time.perf_counter()
@@ -225,6 +230,7 @@ def _measure_row(row: Row, base: torch.nn.Module, faces: torch.Tensor, device: t
         "status": "ok",
         "effective": restore.effective.describe(),
         "fallbacks": list(restore.fallbacks),
+        "notes": list(restore.notes),
         "skipped_switches": dict(restore.skipped),
         "build_s": build_s,
         "warmup_s_total": sum(b["warmup_s"] for b in per_batch.values()),
@@ -239,6 +245,6 @@ def _measure_row(row: Row, base: torch.nn.Module, faces: torch.Tensor, device: t
         entry["traced_activation_peak_mib_bs1"] = generator_activation_peak(restore.model, on_device[:1]) / MiB
     if device.type == "cuda":
         det_batch = on_device[[i % n for i in range(4)]]
-        entry["detector_memory"] = detector_memory.measure(restore, det_batch, device,
-                                                           release=row.cfg.lazy_detector, detector=s.detector)
+        entry["detector_memory"] = detector_memory.measure(restore, det_batch, device, row.cfg.lazy_detector,
+                                                           *detector)
     return entry  # restore, model and the graphs/compiled code they hold are freed with this frame
