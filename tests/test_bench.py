@@ -6,12 +6,24 @@ import json
 
 import numpy as np
 import pytest
+import torch
 import typer
 from PIL import Image
 from typer.testing import CliRunner
 
 from gpen_tune.bench import SCHEMA, select_rows
 from gpen_tune.cli.bench import bench
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread: on a small shared CI machine two busy-waiting threads per process are many times
+    slower than one (measured here: 0.1 s vs 0.7 s per tiny forward under load)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
 
 
 def cli() -> typer.Typer:

@@ -33,6 +33,8 @@ def _num(v, fmt: str = "{:.2f}", none: str = "-") -> str:
 
 def _mem(row: dict, bs: str | None) -> tuple[str, str]:
     b = row["per_batch"].get(bs) if bs else None
+    if b and b["peak_allocated_mib"] is None and bs == "1" and row.get("traced_activation_peak_mib_bs1"):
+        return f"{row['traced_activation_peak_mib_bs1']:,.1f} (activations, traced)", "-"
     if not b or b["peak_allocated_mib"] is None:
         return "-", "-"
     return f"{b['peak_allocated_mib']:,.0f}", f"{b['peak_reserved_mib']:,.0f}"

@@ -24,9 +24,11 @@ import torch
 
 from gpen_tune.bench import detector_memory
 from gpen_tune.bench.inputs import load_faces
-from gpen_tune.bench.measure import max_abs, peaks, psnr, reset_memory, reset_peak, summary, time_calls, timed_once
+from gpen_tune.bench.measure import MiB, max_abs, peaks, psnr, reset_memory, reset_peak, summary, time_calls, timed_once
 from gpen_tune.bench.rows import Row, select_rows
 from gpen_tune.model.configs import MODELS, GPENConfig
+from gpen_tune.tune.live_memory import generator_activation_peak
+from gpen_tune.tune.options import TuneConfig
 from gpen_tune.tune.restorer import SWITCH_MODULES, build_restorer
 
 SCHEMA = "gpen-tune-bench/1"
@@ -47,8 +49,10 @@ class BenchSettings:
     compile_mode: str = "default"
     amp: str = "bf16"
     cudnn_benchmark: bool = True
-    detector: str = "auto"
+    detector: str = "retinaface-synthetic"  # for the detector+generator memory scenario (CUDA only)
     max_minutes: float | None = None       # rows left when the budget is spent are skipped (reason recorded)
+    custom: TuneConfig | None = None       # an extra row from --preset / switch flags
+    custom_label: str = "custom"
     command: str = field(default_factory=lambda: " ".join(sys.argv))
 
 
@@ -81,12 +85,13 @@ def environment(device: torch.device) -> dict:
 
 
 def skip_reason(row: Row, device: torch.device, explicit: bool) -> str | None:
-    if row.name == "face_crop":
+    if row.steps == ("face_crop",):
         return ("pipeline-level switch: the generator is unchanged; measured on a >= 12 MP image by "
                 "benchmarks/face_crop_bench.py")
-    for step in row.cfg.enabled():
-        if step == "face_crop":
-            continue
+    enabled = row.cfg.enabled()
+    for step in enabled:
+        if step == "face_crop" or (step == "lazy_detector" and len(enabled) > 1):
+            continue  # pipeline-level: cannot change the generator's numbers; the restorer notes the skip
         reason = SWITCH_MODULES[step].is_supported(device, row.cfg)
         if reason:
             return f"{step}: {reason}"
@@ -105,7 +110,12 @@ def run_bench(s: BenchSettings, log: Callable[[str], None] = print) -> dict:
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
     model_arg, gcfg = model_config(s.model)
-    rows = select_rows(s.rows, s.compile_mode, s.amp)
+    if s.custom is not None and not s.rows:
+        rows = select_rows(["default"])
+    else:
+        rows = select_rows(s.rows, s.compile_mode, s.amp)
+    if s.custom is not None:
+        rows.append(Row("custom", s.custom_label, tuple(s.custom.enabled()), s.custom))
 
     from gpen_tune.model.load import load_model
 
@@ -118,6 +128,11 @@ def run_bench(s: BenchSettings, log: Callable[[str], None] = print) -> dict:
                                          "gflop_per_face": round(gcfg.flops_per_face() / 1e9, 1)},
               "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(s).items()},
               "rows": []}
+    det_factory, det_label = None, "GPU memory only (CUDA)"
+    if device.type == "cuda":
+        det_factory, det_label = detector_memory.detector_factory(s.detector, device)
+        log(f"detector for the memory scenario: {det_label}")
+    result["meta"]["detector"] = det_label
     started = time.perf_counter()
     reference: torch.Tensor | None = None
     # the default row runs first (every other row's reference), compiled rows last: under --max-minutes a slow
@@ -138,7 +153,7 @@ def run_bench(s: BenchSettings, log: Callable[[str], None] = print) -> dict:
             continue
         log(f"row {row.name}: {row.cfg.describe()}")
         try:
-            entry = _measure_row(row, base, faces, device, s, reference, log)
+            entry = _measure_row(row, base, faces, device, s, log, (det_factory, det_label))
         except Exception as e:  # one broken row must not lose the others
             entry = _row_head(row) | {"status": "error", "reason": f"{type(e).__name__}: {str(e)[:300]}"}
             log(f"  error: {entry['reason']}")
@@ -165,7 +180,7 @@ def _row_head(row: Row) -> dict:
 
 
 def _measure_row(row: Row, base: torch.nn.Module, faces: torch.Tensor, device: torch.device, s: BenchSettings,
-                 reference: torch.Tensor | None, log: Callable[[str], None]) -> dict:
+                 log: Callable[[str], None], detector: tuple[Callable | None, str]) -> dict:
     reset_memory(device)
     model = copy.deepcopy(base).to(device)
     t0 = time.perf_counter()
@@ -215,6 +230,7 @@ def _measure_row(row: Row, base: torch.nn.Module, faces: torch.Tensor, device: t
         "status": "ok",
         "effective": restore.effective.describe(),
         "fallbacks": list(restore.fallbacks),
+        "notes": list(restore.notes),
         "skipped_switches": dict(restore.skipped),
         "build_s": build_s,
         "warmup_s_total": sum(b["warmup_s"] for b in per_batch.values()),
@@ -225,8 +241,10 @@ def _measure_row(row: Row, base: torch.nn.Module, faces: torch.Tensor, device: t
         "best_faces_per_s": per_batch[best]["faces_per_s"],
         "_outputs": outs,
     }
+    if device.type == "cpu" and not row.cfg.compile:  # no allocator statistics on the CPU: trace live tensors
+        entry["traced_activation_peak_mib_bs1"] = generator_activation_peak(restore.model, on_device[:1]) / MiB
     if device.type == "cuda":
         det_batch = on_device[[i % n for i in range(4)]]
-        entry["detector_memory"] = detector_memory.measure(restore, det_batch, device,
-                                                           release=row.cfg.lazy_detector, detector=s.detector)
+        entry["detector_memory"] = detector_memory.measure(restore, det_batch, device, row.cfg.lazy_detector,
+                                                           *detector)
     return entry  # restore, model and the graphs/compiled code they hold are freed with this frame

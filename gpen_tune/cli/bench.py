@@ -10,7 +10,19 @@ import typer
 
 from gpen_tune.cli import app
 from gpen_tune.cli._console import err, fail, out
-from gpen_tune.cli._options import AmpMode, CompileMode
+from gpen_tune.cli._options import (
+    AmpMode,
+    AmpOpt,
+    CheckpointOpt,
+    CompileMode,
+    CompileOpt,
+    CudaGraphOpt,
+    FaceCropOpt,
+    FusedOpt,
+    LazyDetectorOpt,
+    PresetOpt,
+    tune_config_from_options,
+)
 
 EXAMPLES = """
 Examples:\n
@@ -31,7 +43,7 @@ def _int_list(text: str) -> tuple[int, ...]:
 
 def _command_line(ctx: typer.Context) -> str:
     """The command as given (options set on the command line, in declaration order), shell-quoted."""
-    parts = ["gpen-tune", ctx.info_name or "bench"]
+    parts = ["gpen-tune", "bench"]
     for param in ctx.command.params:
         source = ctx.get_parameter_source(param.name)
         if getattr(source, "name", None) != "COMMANDLINE":
@@ -68,19 +80,32 @@ def bench(
     max_faces: Annotated[int, typer.Option("--max-faces", min=1, help="Use at most this many input faces.")] = 16,
     compile_mode: Annotated[CompileMode, typer.Option("--compile-mode", help="Mode of the compile step's rows.")]
     = CompileMode.default,
-    amp: Annotated[AmpMode, typer.Option("--amp", help="dtype of the amp step's rows (the other one gets its "
-                                         "own row).")] = AmpMode.bf16,
+    amp_dtype: Annotated[AmpMode, typer.Option("--amp-dtype", help="dtype of the amp step's rows (the other one "
+                                               "gets its own row).")] = AmpMode.bf16,
     cudnn_benchmark: Annotated[bool, typer.Option("--cudnn-benchmark/--no-cudnn-benchmark",
                                                   help="cuDNN algorithm search (upstream's detector turns it on).")]
     = True,
     max_minutes: Annotated[float | None, typer.Option("--max-minutes", help="Skip the rows left once this much "
                                                       "time has passed (recorded in the results).")] = None,
+    preset: PresetOpt = None,
+    lazy_detector: LazyDetectorOpt = None,
+    compile: CompileOpt = None,
+    amp: AmpOpt = None,
+    checkpoint: CheckpointOpt = None,
+    face_crop: FaceCropOpt = None,
+    cuda_graph: CudaGraphOpt = None,
+    fused: FusedOpt = None,
 ) -> None:
-    """Benchmark the generator with each optimization: ms/face, faces/s, peak memory, stability, PSNR vs fp32."""
+    """Benchmark the generator with each optimization: ms/face, faces/s, peak memory, stability, PSNR vs fp32.
+
+    With --preset or any optimization flag, the table is the fp32 default plus that one configuration ("custom";
+    add --rows to measure it next to other rows).
+    """
     import torch
 
     from gpen_tune.bench import BenchSettings, run_bench, write_outputs
     from gpen_tune.bench.inputs import InputError
+    from gpen_tune.tune import TuneConfig
 
     if compile_mode == CompileMode.off:
         raise fail("--compile-mode off: the compile rows need a mode; leave them out with --rows instead")
@@ -89,11 +114,19 @@ def bench(
         raise fail(f"--device {dev}: CUDA is not available here (torch {torch.__version__}); use --device cpu")
     if dev == "cpu" and not device:
         err.print("[bold yellow]notice:[/] no CUDA device: benchmarking on the CPU (GPU-only rows are skipped)")
+    custom, custom_label = None, "custom"
+    switches = (lazy_detector, compile, amp, checkpoint, face_crop, cuda_graph, fused)
+    if preset is not None or any(v is not None for v in switches):
+        custom, line = tune_config_from_options(preset, *switches, device=dev, base=TuneConfig())
+        err.print(f"[bold]optimizations:[/] {line}", highlight=False)
+        custom_label = f"preset {preset.value}" if preset is not None else "custom"
+        custom_label += f": {custom.describe()}"
     settings = BenchSettings(
         model=model, weights=weights, device=dev, batch_sizes=_int_list(batch_sizes),
         rows=[r.strip() for r in rows.split(",") if r.strip()] if rows else None, repeats=repeats, warmup=warmup,
         inputs=str(inputs) if inputs is not None else None, max_faces=max_faces, compile_mode=compile_mode.value,
-        amp=amp.value, cudnn_benchmark=cudnn_benchmark, max_minutes=max_minutes,
+        amp=amp_dtype.value, cudnn_benchmark=cudnn_benchmark, max_minutes=max_minutes, custom=custom,
+        custom_label=custom_label,
         command=_command_line(ctx),
     )
     try:

@@ -10,8 +10,9 @@ after its replay, so a later capture may reuse an earlier graph's scratch memory
 the sum).
 Why it helps: at batch 1 GPEN launches hundreds of small kernels; the CPU cannot launch them as fast as the GPU
 runs them. A graph replay is one launch (measured.md: launches dominate small batches).
-With --compile: "reduce-overhead" already replays through CUDA graphs, so no manual capture is done (no capture
-twice); with "default"/"max-autotune" the compiled module is what gets captured.
+With --compile: "reduce-overhead" and "max-autotune" already replay through CUDA graphs (Inductor's
+triton.cudagraphs), so no manual capture is done (no capture twice); with "default" the compiled module is what
+gets captured.
 Tolerance: identical to the module it captures (same kernels, same inputs).
 Fallback: an out-of-memory error during capture or replay drops that graph and raises, so the restorer splits the
 batch (the bucket shrinks with it) and records it; any other capture error falls back to running the module
@@ -38,9 +39,16 @@ def is_supported(device: str | torch.device, cfg: TuneConfig | None = None) -> s
         return f"CUDA Graphs need a CUDA device; running on {device.type} without graph capture"
     if not torch.cuda.is_available():
         return "CUDA Graphs need a CUDA device, and CUDA is not available"
-    if cfg is not None and cfg.compile == "reduce-overhead":
-        return "--compile reduce-overhead already replays CUDA graphs; no second manual capture"
     return None
+
+
+# torch.compile modes whose Inductor output already replays CUDA graphs (torch._inductor.list_mode_options):
+# capturing them again by hand would capture twice
+COMPILE_MODES_WITH_GRAPHS = ("reduce-overhead", "max-autotune")
+
+
+def compile_already_graphs(cfg: TuneConfig) -> bool:
+    return cfg.compile in COMPILE_MODES_WITH_GRAPHS
 
 
 def bucket_for(batch: int, buckets: tuple[int, ...] = BUCKETS) -> int:

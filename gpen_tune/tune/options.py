@@ -43,9 +43,10 @@ class TuneConfig:
         requires="bf16: GPUs with bf16 (Ampere or newer) or the CPU; fp16: CUDA or a CPU with fp16 convs")
     act_checkpoint: bool = _switch(
         False, flag="--checkpoint",
-        help="Lower the generator's inference memory peak: free each encoder feature after its last use and "
-             "recompute the two largest ones when the decoder needs them (about 5% more compute). This is not "
-             "autograd checkpointing, which saves nothing at inference (no activations are kept under no_grad).",
+        help="Lower the generator's inference memory peak: bias+activation run in place, each encoder feature is "
+             "freed after its last use and the two largest are recomputed when the decoder needs them (a few % "
+             "more compute). This is not autograd checkpointing, which saves nothing at inference (under no_grad "
+             "no activations are kept for a backward pass).",
         tolerance="identical output (bit-exact)")
     face_crop: bool = _switch(
         False, flag="--face-crop",
@@ -85,7 +86,7 @@ class TuneConfig:
 def switch_help(name: str) -> str:
     """CLI help text of a switch, with its tolerance and requirement appended."""
     meta = next(f for f in fields(TuneConfig) if f.name == name).metadata
-    return f"{meta['help']} [tolerance: {meta['tolerance']}; needs: {meta['requires']}]"
+    return f"{meta['help']} (tolerance: {meta['tolerance']}; needs: {meta['requires']})"
 
 
 def switch_meta(name: str) -> dict:

@@ -54,6 +54,7 @@ class Restorer:
         model: the (cast) FullGenerator the switches were applied to.
         cfg: the requested TuneConfig; `effective`: what actually runs (skipped switches off).
         fallbacks: human-readable log of every fallback and skip, in order.
+        notes: how switches composed (e.g. no manual graph capture under a compile mode that has its own).
         skipped: switch name -> reason it was not applied.
         max_batch: largest batch run in one call (None = no limit yet); lowered by OOM splitting.
         warmup_seconds: wall time of the first call per input shape (compile / capture / cuDNN search).
@@ -70,6 +71,7 @@ class Restorer:
         self.reserve = reserve
         self.max_batch = max_batch
         self.fallbacks: list[str] = []
+        self.notes: list[str] = []
         self.skipped: dict[str, str] = {}
         self.warmup_seconds: dict[tuple, float] = {}
         self.warmup_reserved_bytes = 0
@@ -213,6 +215,10 @@ def build_restorer(model: nn.Module, cfg: TuneConfig | None = None, device: str 
         elif name == "compile":
             forward = torch_compile.apply(forward, cfg, on_fallback=restorer.record, backend=compile_backend)
         elif name == "cuda_graph":
+            if on("compile") and cuda_graph.compile_already_graphs(cfg):
+                restorer.notes.append(f"cuda_graph: --compile {cfg.compile} already replays CUDA graphs; "
+                                      "no second manual capture")
+                continue
             forward = cuda_graph.apply(forward, cfg, on_fallback=restorer.record, buckets=buckets)
     restorer.forward = forward
     restorer.model = model

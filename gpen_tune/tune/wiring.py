@@ -18,7 +18,7 @@ from gpen_tune.tune.restorer import Restorer, build_restorer
 
 
 def tune_pipeline(settings: Any, cfg: TuneConfig, model: torch.nn.Module, device: str | torch.device | None = None,
-                  notify=None) -> tuple[Any, Restorer, LazyDetector | None]:
+                  notify=None, detector_policy: str = "tight") -> tuple[Any, Restorer, LazyDetector | None]:
     """(settings with face_crop/det_size applied, the Restorer, a LazyDetector or None = the pipeline's own).
 
     `settings` is the pipeline's EnhanceSettings (fields detector, detector_weights, det_threshold, det_size).
@@ -33,5 +33,5 @@ def tune_pipeline(settings: Any, cfg: TuneConfig, model: torch.nn.Module, device
         factory = functools.partial(init_detector, settings.detector, device=restore.device,
                                     weights=settings.detector_weights, threshold=settings.det_threshold,
                                     det_size=settings.det_size, **kwargs)
-        detector = LazyDetector(factory, device=restore.device)
+        detector = LazyDetector(factory, policy=detector_policy, device=restore.device)
     return settings, restore, detector
