@@ -435,6 +435,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", default=None, help="GPEN-BFR-512 checkpoint (default: synthetic weights)")
     ap.add_argument("--quick", action="store_true", help="~2 minute subset")
     ap.add_argument("--variants", default=None, help="comma list: only these variants")
+    ap.add_argument("--batches", default=None, help="comma list: only these batch sizes (e.g. 1,64)")
+    ap.add_argument("--cudnn-benchmark-limit", type=int, default=None,
+                    help="algorithms cuDNN tries per conv shape (torch default 10; 0 = all)")
     ap.add_argument("--profile", default=None, metavar="VARIANT", help="also write torch.profiler tables")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop starting rows after this many seconds (380; 100 with --quick)")
@@ -470,6 +473,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--variants: unknown {sorted(unknown)}; known: {', '.join(VARIANTS)}", file=sys.stderr)
             return 2
         todo = [t for t in todo if t[1] in keep or t[1] == "reference_fp32"]
+    if args.batches:
+        want = {int(b) for b in args.batches.split(",")}
+        todo = [(k, v, tuple(b for b in bs if b in want)) for k, v, bs in todo]
+        todo = [t for t in todo if t[2]]
+    if args.cudnn_benchmark_limit is not None:
+        torch.backends.cudnn.benchmark_limit = args.cudnn_benchmark_limit
     if args.profile and args.profile not in VARIANTS:
         print(f"--profile: unknown variant {args.profile!r}; known: {', '.join(VARIANTS)}", file=sys.stderr)
         return 2
