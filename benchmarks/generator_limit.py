@@ -23,6 +23,7 @@ import math
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -296,11 +297,11 @@ def run_row(fn, name: str, batch: int, inputs: torch.Tensor, ref: torch.Tensor, 
                 peak_alloc = torch.cuda.max_memory_allocated()
                 peak_res = torch.cuda.max_memory_reserved()
         times.sort()
-        ms = times[len(times) // 2]
+        ms = statistics.median(times)
         flops = cfg.flops_per_face() * batch
         row.update(
             n_timed=n, ms=round(ms, 4), ms_per_face=round(ms / batch, 4), faces_per_s=round(batch * 1e3 / ms, 1),
-            ms_min=round(times[0], 4), ms_p90=round(times[int(0.9 * (len(times) - 1))], 4),
+            ms_min=round(times[0], 4), ms_p90=round(times[max(0, math.ceil(0.9 * len(times)) - 1)], 4),
             tflops=round(flops / (ms * 1e-3) / 1e12, 1),
         )
         row["pct_peak"] = round(100 * row["tflops"] / PEAK_TFLOPS_BF16, 1)
