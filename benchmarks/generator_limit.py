@@ -498,8 +498,13 @@ def main(argv: list[str] | None = None) -> int:
 
     clock = Clock(device)
     state: dict = {}   # per model key: master, cfg, inputs, ref
+    dead = None        # a sticky CUDA error (illegal address, ...) ends the run: later rows would all fail
     for key, name, batches in todo:
         label, cfg = models[key]
+        if dead:
+            payload["rows"] += [dict(variant=name, model=label, batch=b, status="skipped", reason=dead)
+                                for b in batches]
+            continue
         if key not in state:
             if time.perf_counter() - t_start > budget:
                 for b in batches:
@@ -532,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
             base_alloc = base_res = 0
         fn = None
         build_err = None
+        build_tb = ""
         cudnn_bench = torch.backends.cudnn.benchmark
         torch.backends.cudnn.benchmark = VARIANTS[name].get("cudnn_benchmark", cudnn_bench)
         try:
@@ -543,12 +549,15 @@ def main(argv: list[str] | None = None) -> int:
             build_err = ("skipped", str(e))
         except Exception as e:
             build_err = ("error", f"build: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+            build_tb = traceback.format_exc()[-3000:]
             traceback.print_exc()
         for b in batches:
             row = dict(variant=name, model=label, dtype=VARIANTS[name]["dtype"])
             if build_err:
                 row.update(batch=b, status=build_err[0], **{"reason" if build_err[0] == "skipped" else "error":
                                                             build_err[1]})
+                if build_err[0] == "error":
+                    row["traceback"] = build_tb
             elif time.perf_counter() - t_start > budget:
                 row.update(batch=b, status="skipped", reason="time budget")
             else:
@@ -562,12 +571,16 @@ def main(argv: list[str] | None = None) -> int:
                     row.update(batch=b, status="skipped", reason=str(e))
                 except Exception as e:
                     msg = str(e).splitlines()[0][:300] if str(e) else ""
-                    row.update(batch=b, status="error", error=f"{type(e).__name__}: {msg}")
+                    row.update(batch=b, status="error", error=f"{type(e).__name__}: {msg}",
+                               traceback=traceback.format_exc()[-3000:])
                     traceback.print_exc()
                     if device.type == "cuda":
                         torch.cuda.synchronize()
                         torch.cuda.empty_cache()
             payload["rows"].append(row)
+            err = row.get("error", "")
+            if "CUDA error" in err or "illegal memory" in err or "device-side assert" in err:
+                dead = f"CUDA context lost after {name} bs{b}: {err[:120]}"
             payload["elapsed_s"] = round(time.perf_counter() - t_start, 1)
             write_json(path, payload)
             if "ms" in row:
@@ -582,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
         if name.endswith("compile") or VARIANTS[name].get("compile"):
             torch._dynamo.reset()
 
-    if args.profile and device.type == "cuda":
+    if args.profile and device.type == "cuda" and not dead:
         st = state.get("main")
         if st is None:
             print("--profile: main model was not built", file=sys.stderr)

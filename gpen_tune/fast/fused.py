@@ -210,7 +210,12 @@ class FusedGenerator(nn.Module):
             h = fb if want_blur else f
         return feats
 
-    def _styles(self, last: torch.Tensor) -> list[torch.Tensor]:
+    def _apply(self, fn, *args, **kwargs):
+        self._use_triton = None  # .to(device) may change which epilogue can run
+        return super()._apply(fn, *args, **kwargs)
+
+    def _styles(self, last: torch.Tensor) -> torch.Tensor:
+        """Encoder code -> w (final_linear, pixel norm, 8-layer mapping) -> every layer's style, [B, sum of cin]."""
         z = E.lrelu_gain(last.flatten(1).float() @ self.fl_w.t() + self.fl_b)
         w = z * torch.rsqrt(z.square().mean(dim=1, keepdim=True) + 1e-8)
         for i in range(self.map_w.shape[0]):
