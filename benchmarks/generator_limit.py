@@ -23,6 +23,7 @@ import math
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import time
@@ -58,6 +59,8 @@ VARIANTS: dict[str, dict] = {
                                       cuda=True),
     "fused_bf16_triton_encfold": dict(kind="fused", dtype="bf16", flags=dict(epilogue="triton", enc_blur="fold"),
                                       cuda=True),
+    "fused_bf16_triton_phases": dict(kind="fused", dtype="bf16", flags=dict(epilogue="triton", up_conv="phases"),
+                                     cuda=True),
     "fused_fp32_triton": dict(kind="fused", dtype="fp32", flags=dict(epilogue="triton"), cuda=True),
     "fused_bf16_compile": dict(kind="fused", dtype="bf16", flags=dict(epilogue="torch"), compile=True,
                                min_left_s=120),
@@ -106,6 +109,7 @@ def plan(quick: bool, tiny: bool) -> list[tuple[str, str, tuple[int, ...]]]:
         ("main", "fused_bf16_torch_nchw", (1, 16, 64)),
         ("main", "fused_bf16_triton_encconv", (1, 64)),
         ("main", "fused_bf16_triton_encfold", (1, 64)),
+        ("main", "fused_bf16_triton_phases", (1, 64)),
         ("small", "reference_fp32", (1, 16)),
         ("small", "fused_bf16_triton", (1, 16, 64, 128)),
         ("small", "fused_bf16_triton_graph", (1, 16)),
@@ -296,11 +300,11 @@ def run_row(fn, name: str, batch: int, inputs: torch.Tensor, ref: torch.Tensor, 
                 peak_alloc = torch.cuda.max_memory_allocated()
                 peak_res = torch.cuda.max_memory_reserved()
         times.sort()
-        ms = times[len(times) // 2]
+        ms = statistics.median(times)
         flops = cfg.flops_per_face() * batch
         row.update(
             n_timed=n, ms=round(ms, 4), ms_per_face=round(ms / batch, 4), faces_per_s=round(batch * 1e3 / ms, 1),
-            ms_min=round(times[0], 4), ms_p90=round(times[int(0.9 * (len(times) - 1))], 4),
+            ms_min=round(times[0], 4), ms_p90=round(times[max(0, math.ceil(0.9 * len(times)) - 1)], 4),
             tflops=round(flops / (ms * 1e-3) / 1e12, 1),
         )
         row["pct_peak"] = round(100 * row["tflops"] / PEAK_TFLOPS_BF16, 1)
@@ -435,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", default=None, help="GPEN-BFR-512 checkpoint (default: synthetic weights)")
     ap.add_argument("--quick", action="store_true", help="~2 minute subset")
     ap.add_argument("--variants", default=None, help="comma list: only these variants")
+    ap.add_argument("--batches", default=None, help="comma list: only these batch sizes (e.g. 1,64)")
+    ap.add_argument("--cudnn-benchmark-limit", type=int, default=None,
+                    help="algorithms cuDNN tries per conv shape (torch default 10; 0 = all)")
     ap.add_argument("--profile", default=None, metavar="VARIANT", help="also write torch.profiler tables")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop starting rows after this many seconds (380; 100 with --quick)")
@@ -470,6 +477,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--variants: unknown {sorted(unknown)}; known: {', '.join(VARIANTS)}", file=sys.stderr)
             return 2
         todo = [t for t in todo if t[1] in keep or t[1] == "reference_fp32"]
+    if args.batches:
+        want = {int(b) for b in args.batches.split(",")}
+        todo = [(k, v, tuple(b for b in bs if b in want)) for k, v, bs in todo]
+        todo = [t for t in todo if t[2]]
+    if args.cudnn_benchmark_limit is not None:
+        torch.backends.cudnn.benchmark_limit = args.cudnn_benchmark_limit
     if args.profile and args.profile not in VARIANTS:
         print(f"--profile: unknown variant {args.profile!r}; known: {', '.join(VARIANTS)}", file=sys.stderr)
         return 2
@@ -485,8 +498,13 @@ def main(argv: list[str] | None = None) -> int:
 
     clock = Clock(device)
     state: dict = {}   # per model key: master, cfg, inputs, ref
+    dead = None        # a sticky CUDA error (illegal address, ...) ends the run: later rows would all fail
     for key, name, batches in todo:
         label, cfg = models[key]
+        if dead:
+            payload["rows"] += [dict(variant=name, model=label, batch=b, status="skipped", reason=dead)
+                                for b in batches]
+            continue
         if key not in state:
             if time.perf_counter() - t_start > budget:
                 for b in batches:
@@ -519,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
             base_alloc = base_res = 0
         fn = None
         build_err = None
+        build_tb = ""
         cudnn_bench = torch.backends.cudnn.benchmark
         torch.backends.cudnn.benchmark = VARIANTS[name].get("cudnn_benchmark", cudnn_bench)
         try:
@@ -530,12 +549,15 @@ def main(argv: list[str] | None = None) -> int:
             build_err = ("skipped", str(e))
         except Exception as e:
             build_err = ("error", f"build: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+            build_tb = traceback.format_exc()[-3000:]
             traceback.print_exc()
         for b in batches:
             row = dict(variant=name, model=label, dtype=VARIANTS[name]["dtype"])
             if build_err:
                 row.update(batch=b, status=build_err[0], **{"reason" if build_err[0] == "skipped" else "error":
                                                             build_err[1]})
+                if build_err[0] == "error":
+                    row["traceback"] = build_tb
             elif time.perf_counter() - t_start > budget:
                 row.update(batch=b, status="skipped", reason="time budget")
             else:
@@ -549,12 +571,16 @@ def main(argv: list[str] | None = None) -> int:
                     row.update(batch=b, status="skipped", reason=str(e))
                 except Exception as e:
                     msg = str(e).splitlines()[0][:300] if str(e) else ""
-                    row.update(batch=b, status="error", error=f"{type(e).__name__}: {msg}")
+                    row.update(batch=b, status="error", error=f"{type(e).__name__}: {msg}",
+                               traceback=traceback.format_exc()[-3000:])
                     traceback.print_exc()
                     if device.type == "cuda":
                         torch.cuda.synchronize()
                         torch.cuda.empty_cache()
             payload["rows"].append(row)
+            err = row.get("error", "")
+            if "CUDA error" in err or "illegal memory" in err or "device-side assert" in err:
+                dead = f"CUDA context lost after {name} bs{b}: {err[:120]}"
             payload["elapsed_s"] = round(time.perf_counter() - t_start, 1)
             write_json(path, payload)
             if "ms" in row:
@@ -569,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
         if name.endswith("compile") or VARIANTS[name].get("compile"):
             torch._dynamo.reset()
 
-    if args.profile and device.type == "cuda":
+    if args.profile and device.type == "cuda" and not dead:
         st = state.get("main")
         if st is None:
             print("--profile: main model was not built", file=sys.stderr)

@@ -68,6 +68,8 @@ LEVERS = [
     dict(enc_blur="fold"),
     dict(release_features=False),
     dict(channels_last=False, up_blur="conv", enc_blur="fold"),
+    dict(up_conv="phases"),
+    dict(up_conv="phases", channels_last=False),
 ]
 
 

@@ -33,6 +33,7 @@ from gpen_tune.model.layers import Blur, EqualConv2d, FusedLeakyReLU
 EPILOGUES = ("auto", "torch", "triton")
 BLUR_IMPLS = ("slices", "conv")
 ENC_BLURS = ("fused", "conv", "fold")
+UP_CONVS = ("transposed", "phases")
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,14 @@ class FastOptions:
     epilogue: str = "auto"         # "triton" (CUDA), "torch" (any device; Inductor-fusable), "auto": triton if it can
     up_blur: str = "slices"        # torch epilogue only: FIR after the transposed conv as slices or depthwise conv
     enc_blur: str = "fused"        # encoder FIR: "fused" into the epilogue, "conv" depthwise pass, "fold" 6x6 kernel
+    up_conv: str = "transposed"    # "transposed": cuDNN's stride-2 transposed conv (dgrad kernels); "phases": its
+    #                                4 polyphase convs (2x2, 2x1, 1x2, 1x1: same MACs, fprop kernels) interleaved
     compile: bool = False          # torch.compile the forward (torch epilogue only; Inductor fuses the passes)
     release_features: bool = True  # drop each encoder feature after its last use (eager peak memory)
 
     def __post_init__(self) -> None:
-        for name, allowed in (("epilogue", EPILOGUES), ("up_blur", BLUR_IMPLS), ("enc_blur", ENC_BLURS)):
+        for name, allowed in (("epilogue", EPILOGUES), ("up_blur", BLUR_IMPLS), ("enc_blur", ENC_BLURS),
+                              ("up_conv", UP_CONVS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"FastOptions.{name}={getattr(self, name)!r}; choose one of {allowed}")
 
@@ -98,6 +102,14 @@ class _StyledLayer(nn.Module):
         cw = w.transpose(0, 1) if self.upsample else w                         # conv_transpose2d wants [cin, cout]
         self.register_buffer("weight", _cl(cw.to(dtype), opts.channels_last), persistent=False)
         self.register_buffer("wsq", w.square().sum(dim=(2, 3)).t().contiguous(), persistent=False)  # [cin, cout]
+        self.phases = self.upsample and opts.up_conv == "phases"
+        if self.phases:
+            # transposed conv, stride 2, k=3: out[2m] = x[m] w[0] + x[m-1] w[2], out[2m+1] = x[m] w[1] per axis,
+            # i.e. correlation taps [w2, w0] (pad 1) for even outputs and [w1] for odd ones
+            ev, od = [2, 0], [1]
+            for name, rows, cols in (("w_ee", ev, ev), ("w_eo", ev, od), ("w_oe", od, ev), ("w_oo", od, od)):
+                pw = w[:, :, rows][:, :, :, cols]
+                self.register_buffer(name, _cl(pw.to(dtype), opts.channels_last), persistent=False)
         bias = sc.activate.bias.detach().float()
         self.register_buffer("b_h", bias[: self.cout].clone(), persistent=False)
         self.register_buffer("b_f", bias[self.cout:].clone(), persistent=False)
@@ -198,7 +210,12 @@ class FusedGenerator(nn.Module):
             h = fb if want_blur else f
         return feats
 
-    def _styles(self, last: torch.Tensor) -> list[torch.Tensor]:
+    def _apply(self, fn, *args, **kwargs):
+        self._use_triton = None  # .to(device) may change which epilogue can run
+        return super()._apply(fn, *args, **kwargs)
+
+    def _styles(self, last: torch.Tensor) -> torch.Tensor:
+        """Encoder code -> w (final_linear, pixel norm, 8-layer mapping) -> every layer's style, [B, sum of cin]."""
         z = E.lrelu_gain(last.flatten(1).float() @ self.fl_w.t() + self.fl_b)
         w = z * torch.rsqrt(z.square().mean(dim=1, keepdim=True) + 1e-8)
         for i in range(self.map_w.shape[0]):
@@ -246,7 +263,9 @@ class FusedGenerator(nn.Module):
         for k, layer in enumerate(self.layers):
             # layer k: conv1 (k=0) at 4 px, then pairs (up-conv, conv) per resolution
             f = feats[feat_idx]
-            if layer.upsample:
+            if layer.phases:
+                y = _phase_upconv(buf, layer, cl)
+            elif layer.upsample:
                 y = F.conv_transpose2d(buf, layer.weight, stride=2)
             else:
                 y = F.conv2d(buf, layer.weight, padding=layer.padding)
@@ -271,6 +290,18 @@ class FusedGenerator(nn.Module):
                     feats[feat_idx] = None                                    # last use: the allocator reuses it
                 feat_idx -= 1
         return skip.contiguous()
+
+
+def _phase_upconv(x: torch.Tensor, layer: _StyledLayer, channels_last: bool) -> torch.Tensor:
+    """conv_transpose2d(x, W, stride=2) as 4 stride-1 convs written into the even/odd rows/cols of the output."""
+    bsz, _, h, w = x.shape
+    y = torch.empty((bsz, layer.cout, 2 * h + 1, 2 * w + 1), device=x.device, dtype=x.dtype,
+                    memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    y[:, :, 0::2, 0::2] = F.conv2d(x, layer.w_ee, padding=1)
+    y[:, :, 0::2, 1::2] = F.conv2d(x, layer.w_eo, padding=(1, 0))
+    y[:, :, 1::2, 0::2] = F.conv2d(x, layer.w_oe, padding=(0, 1))
+    y[:, :, 1::2, 1::2] = F.conv2d(x, layer.w_oo)
+    return y
 
 
 _BMM_OUT_DTYPE = [True]  # cleared once if this torch has no fp32-output bmm for half inputs
