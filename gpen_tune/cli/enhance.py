@@ -177,6 +177,12 @@ def enhance(
     template: Annotated[TemplateChoice, typer.Option(help="Alignment template: gpen (upstream GPEN) or ffhq "
                                                      "(GFPGAN/facefusion).",
                                                      rich_help_panel=DETECT_PANEL)] = TemplateChoice.gpen,
+    workers: Annotated[int | None, typer.Option(min=1, help="CPU threads per stage (decode/detect and "
+                                                "paste/encode) of the pipelined runner (default: half the cores, "
+                                                "1..8).", rich_help_panel=MODEL_PANEL)] = None,
+    serial: Annotated[bool, typer.Option("--serial", help="Process images one step at a time (the serial path) "
+                                         "instead of the pipelined runner used for several inputs.",
+                                         rich_help_panel=MODEL_PANEL)] = False,
 ) -> None:
     """Restore every face in photos: detect, align, restore in batches, paste back seamlessly."""
     from gpen_tune.face.pipeline import EnhanceSettings
@@ -210,15 +216,16 @@ def enhance(
     except ValueError as e:
         raise fail(str(e)) from None
     code = run_enhance(files, output, settings, ext=ext, suffix=suffix, name_pattern=name_pattern, report=report,
-                       save_faces=save_faces, save_comparison=save_comparison, n_missing=len(missing))
+                       save_faces=save_faces, save_comparison=save_comparison, n_missing=len(missing),
+                       workers=workers, serial=serial)
     raise typer.Exit(code)
 
 
 def run_enhance(files, output, settings, *, ext, suffix, name_pattern, report, save_faces, save_comparison,
-                n_missing=0) -> int:
+                n_missing=0, workers=None, serial=False) -> int:
     """Build the enhancer, run every image with a progress bar, print the summary; returns the exit code."""
     from gpen_tune.face.detect import DetectorError
-    from gpen_tune.face.pipeline import Enhancer, OutputNaming, enhance_paths
+    from gpen_tune.face.pipeline import Enhancer, OutputNaming
     from gpen_tune.weights.cache import WeightsNotFoundError
     from gpen_tune.weights.checkpoint import CheckpointError
 
@@ -253,8 +260,10 @@ def run_enhance(files, output, settings, *, ext, suffix, name_pattern, report, s
         task = progress.add_task("enhance", total=len(files), ips=0.0, fps=0.0, current="")
         t_run = time.perf_counter()
         try:
-            jobs = enhance_paths([p for p, _ in files], naming, enhancer, stems=[s for _, s in files],
-                                 on_job=on_job, save_faces=save_faces, save_comparison=save_comparison)
+            from gpen_tune.throughput.api import run_jobs  # several inputs: pipelined runner (issue 7)
+
+            jobs = run_jobs(files, naming, enhancer, on_job=on_job, save_faces=save_faces,
+                            save_comparison=save_comparison, workers=workers, serial=serial)
         finally:
             enhancer.close()
     wall = time.perf_counter() - t0
@@ -262,6 +271,9 @@ def run_enhance(files, output, settings, *, ext, suffix, name_pattern, report, s
     _print_summary(summary, jobs)
     if report is not None:
         _write_report(report, settings, enhancer, detector_name, jobs, summary)
+    if jobs.interrupted:
+        err.print("[bold red]interrupted:[/] images not processed are counted as failed; no partial file written")
+        return 130
     return 1 if summary["failed"] else 0
 
 
