@@ -39,7 +39,7 @@ def all_rows(compile_mode: str = "default", amp: str = "bf16") -> list[Row]:
     return rows
 
 
-DEFAULT_ROWS: tuple[str, ...] = ("default", "1", "1+2", "1+2+3", "1-4", "1-6", *STEPS, "amp_fp16")
+DEFAULT_ROWS: tuple[str, ...] = ("default", "1", "1+2", "1+2+3", "1-4", "1-6", *STEPS, "amp_fp16", "fused")
 
 
 def select_rows(names: list[str] | None, compile_mode: str = "default", amp: str = "bf16") -> list[Row]:

@@ -204,14 +204,22 @@ def build_restorer(model: nn.Module, cfg: TuneConfig | None = None, device: str 
             reason = act_checkpoint.apply(model, cfg)
             if reason:
                 skip(name, reason)
+        elif name == "amp" and on("fused"):
+            pass  # fuse() builds its half-precision kernels from the fp32 weights; the cast follows it
         elif name == "amp":
             model, restorer.reserve = amp.apply(model, cfg)
             forward = model
         elif name == "fused":
+            dtype = amp.AMP_DTYPES[cfg.amp] if on("amp") else None
             try:
-                forward = fused.apply(model, cfg, dtype=amp.AMP_DTYPES[cfg.amp] if on("amp") else None)
+                forward = fused.apply(model, cfg, dtype=dtype)
             except Exception as e:
                 skip(name, f"gpen_tune.fast.fuse failed ({type(e).__name__}: {str(e)[:200]}); using the unfused model")
+                forward = model
+            if dtype is not None:  # the generator stays as the NaN fallback's template: shrink it to half too
+                model, restorer.reserve = amp.apply(model, cfg)
+                if name in restorer.skipped:
+                    forward = model
         elif name == "compile":
             forward = torch_compile.apply(forward, cfg, on_fallback=restorer.record, backend=compile_backend)
         elif name == "cuda_graph":
