@@ -24,6 +24,7 @@ from gpen_tune.patcher.cst_tools import (
     method,
     param_names,
     prepend,
+    replace_top,
     statements,
     top_level_class,
 )
@@ -36,12 +37,14 @@ GENERATOR_ATTRS = ("style", "input", "conv1", "to_rgb1", "convs", "to_rgbs")
 def edit_gpen_model(module: cst.Module, ctx: EditContext) -> cst.Module:
     module = add_import(module, ctx.path)
     gen = top_level_class(module, "Generator", ctx.path)
-    missing = [a for a in GENERATOR_ATTRS if a not in assigned_self_attrs(method(gen, "__init__", ctx.path))]
+    have = assigned_self_attrs(method(gen, "__init__", ctx.path))
+    missing = [a for a in GENERATOR_ATTRS if a not in have]
     if missing:
         raise expected(ctx.path, f"Generator.__init__ to set self.{', self.'.join(missing)}")
     cls = top_level_class(module, "FullGenerator", ctx.path)
     init, fwd = method(cls, "__init__", ctx.path), method(cls, "forward", ctx.path)
-    missing = [a for a in ("generator", "names", "final_linear") if a not in assigned_self_attrs(init)]
+    have = assigned_self_attrs(init)
+    missing = [a for a in ("generator", "names", "final_linear") if a not in have]
     if missing:
         raise expected(ctx.path, f"FullGenerator.__init__ to set self.{', self.'.join(missing)}")
     params = param_names(fwd)
@@ -54,7 +57,7 @@ def edit_gpen_model(module: cst.Module, ctx: EditContext) -> cst.Module:
     new_init = append(init, statements(f"self.gpen_tune_lowmem = {RUNTIME}.checkpoint_on()  # gpen-tune\n"))
     mapping = {id(init): new_init, id(fwd): prepend(fwd, hook)}
     new_cls = cls.with_changes(body=cls.body.with_changes(body=[mapping.get(id(s), s) for s in cls.body.body]))
-    return module.deep_replace(cls, new_cls)  # type: ignore[return-value]
+    return replace_top(module, cls, new_cls)
 
 
 PATCH = Patch(

@@ -15,18 +15,20 @@ Switch: GPEN_TUNE_FACE_CROP=1 (+ GPEN_TUNE_DET_SIZE=N), or demo.py --face_crop [
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from gpen_tune.patcher.cst_tools import (
     RUNTIME,
     add_import,
     assigned_self_attrs,
+    code,
     expected,
     method,
     param_names,
     prepend,
+    replace_top,
     statements,
     top_level_class,
+    top_level_imports,
 )
 from gpen_tune.patcher.spec import EditContext, FileEdit, Patch
 
@@ -36,12 +38,13 @@ USED_ATTRS = ("facedetector", "facegan", "faceparser", "srmodel", "use_sr", "in_
 
 def edit_face_enhancement(module: cst.Module, ctx: EditContext) -> cst.Module:
     module = add_import(module, ctx.path)
-    names = m.findall(module, m.ImportFrom(names=[m.ZeroOrMore(), m.ImportAlias(name=m.Name("warp_and_crop_face")),
-                                                  m.ZeroOrMore()]))
+    names = [i for i in top_level_imports(module) if isinstance(i, cst.ImportFrom)
+             and not isinstance(i.names, cst.ImportStar) and any(code(a.name) == "warp_and_crop_face" for a in i.names)]
     if not names:
         raise expected(ctx.path, "`from align_faces import warp_and_crop_face, ...`")
     cls = top_level_class(module, "FaceEnhancement", ctx.path)
-    missing = [a for a in USED_ATTRS if a not in assigned_self_attrs(method(cls, "__init__", ctx.path))]
+    have = assigned_self_attrs(method(cls, "__init__", ctx.path))
+    missing = [a for a in USED_ATTRS if a not in have]
     if missing:
         raise expected(ctx.path, f"FaceEnhancement.__init__ to set self.{', self.'.join(missing)}")
     method(cls, "mask_postprocess", ctx.path)
@@ -54,7 +57,7 @@ def edit_face_enhancement(module: cst.Module, ctx: EditContext) -> cst.Module:
         f"    return {RUNTIME}.face_crop_process(self, {params[1]})\n")
     new_cls = cls.with_changes(body=cls.body.with_changes(body=[
         prepend(s, hook) if s is process else s for s in cls.body.body]))
-    return module.deep_replace(cls, new_cls)  # type: ignore[return-value]
+    return replace_top(module, cls, new_cls)
 
 
 PATCH = Patch(

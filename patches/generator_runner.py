@@ -11,7 +11,16 @@ from __future__ import annotations
 import libcst as cst
 import libcst.matchers as m
 
-from gpen_tune.patcher.cst_tools import RUNTIME, add_import, append, expected, method, statements, top_level_class
+from gpen_tune.patcher.cst_tools import (
+    RUNTIME,
+    add_import,
+    append,
+    expected,
+    method,
+    replace_top,
+    statements,
+    top_level_class,
+)
 from gpen_tune.patcher.spec import EditContext, FileEdit, Patch
 
 
@@ -31,7 +40,7 @@ def edit_face_gan(module: cst.Module, ctx: EditContext) -> cst.Module:
     new_load = append(load, statements(f"{RUNTIME}.prepare_facegan(self)  # gpen-tune: amp/compile/cuda-graph\n"))
     mapping = {id(load): new_load, id(process): new_process}
     new_cls = cls.with_changes(body=cls.body.with_changes(body=[mapping.get(id(s), s) for s in cls.body.body]))
-    return module.deep_replace(cls, new_cls)  # type: ignore[return-value]
+    return replace_top(module, cls, new_cls)
 
 
 PATCH = Patch(

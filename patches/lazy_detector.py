@@ -25,6 +25,7 @@ from gpen_tune.patcher.cst_tools import (
     expected,
     insert_around,
     method,
+    replace_top,
     self_assignments,
     statements,
     top_level_class,
@@ -63,7 +64,7 @@ def edit_face_enhancement(module: cst.Module, ctx: EditContext) -> cst.Module:
         "def release_detector(self):\n"
         "    '''gpen-tune: free the face detector now (with GPEN_TUNE_LAZY_DETECTOR on it is re-built on use).'''\n"
         f"    {RUNTIME}.release(self.facedetector)\n"))
-    return module.deep_replace(cls, new_cls)  # type: ignore[return-value]
+    return replace_top(module, cls, new_cls)
 
 
 PATCH = Patch(

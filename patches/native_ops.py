@@ -31,6 +31,7 @@ from gpen_tune.patcher.cst_tools import (
     method,
     param_names,
     prepend,
+    replace_top,
     statements,
     top_level_class,
 )
@@ -101,7 +102,7 @@ def edit_gpen_model(module: cst.Module, ctx: EditContext) -> cst.Module:
                       f"    return {RUNTIME}.modulated_conv2d_fast(self, {params[1]}, {params[2]})\n")
     new_cls = cls.with_changes(body=cls.body.with_changes(body=[
         prepend(s, hook) if s is fwd else s for s in cls.body.body]))
-    return module.deep_replace(cls, new_cls)  # type: ignore[return-value]
+    return replace_top(module, cls, new_cls)
 
 
 PATCH = Patch(

@@ -15,7 +15,8 @@ from pathlib import Path
 import libcst as cst
 import libcst.matchers as m
 
-from gpen_tune.patcher.cst_tools import RUNTIME, code, expected, insert_around, statements
+from gpen_tune.patcher.cst_tools import RUNTIME, code, expected, insert_around, replace_top, statements
+from gpen_tune.patcher.recognise import parse
 from gpen_tune.patcher.spec import AddedFile, EditContext, FileEdit, Patch
 
 RUNTIME_SOURCE = Path(__file__).parent / "runtime" / "gpen_tune_runtime.py"
@@ -24,13 +25,15 @@ RUNTIME_PATH = f"face_model/{RUNTIME}.py"
 
 def render_runtime(text: str, ctx: EditContext) -> str:
     """Set the INSTALLED tuple of the copied runtime module (a structural edit of our own file)."""
-    module = cst.parse_module(text)
-    target = m.Assign(targets=[m.AssignTarget(target=m.Name("INSTALLED"))])
-    found = m.findall(module, target)
+    module = parse(str(RUNTIME_SOURCE), text.encode())
+    target = m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget(target=m.Name("INSTALLED"))])])
+    found = [s for s in module.body if m.matches(s, target)]
     if len(found) != 1:
-        raise expected(str(RUNTIME_SOURCE), "exactly one `INSTALLED = (...)`")
+        raise expected(str(RUNTIME_SOURCE), "exactly one top-level `INSTALLED = (...)`")
     value = cst.parse_expression("(" + "".join(f"{name!r}, " for name in ctx.installed).rstrip() + ")")
-    return module.deep_replace(found[0], found[0].with_changes(value=value)).code  # type: ignore[union-attr]
+    assign = found[0].body[0]  # type: ignore[attr-defined]
+    new = found[0].with_changes(body=[assign.with_changes(value=value)])  # type: ignore[attr-defined]
+    return replace_top(module, found[0], new).code
 
 
 def _is_import_init_paths(stmt: cst.BaseStatement) -> bool:

@@ -76,7 +76,13 @@ def _is_import(stmt: cst.BaseStatement) -> bool:
 
 
 def imports(module: cst.Module, name: str) -> bool:
-    return bool(m.findall(module, m.Import(names=[m.ImportAlias(name=m.Name(name))])))
+    """Is `import <name>` a top-level statement? (top level only: walking a whole module with libcst is slow)"""
+    return any(_is_import(s) and any(isinstance(i, cst.Import) and any(code(a.name) == name for a in i.names)
+                                     for i in s.body) for s in module.body)  # type: ignore[union-attr]
+
+
+def top_level_imports(module: cst.Module) -> list[cst.Import | cst.ImportFrom]:
+    return [i for s in module.body if _is_import(s) for i in s.body]  # type: ignore[union-attr,misc]
 
 
 def add_import(module: cst.Module, path: str, name: str = RUNTIME) -> cst.Module:
@@ -90,8 +96,10 @@ def add_import(module: cst.Module, path: str, name: str = RUNTIME) -> cst.Module
     return module.with_changes(body=body[: last + 1] + statements(f"import {name}\n") + body[last + 1:])
 
 
-def replace(module: cst.Module, old: cst.CSTNode, new: cst.CSTNode) -> cst.Module:
-    return module.deep_replace(old, new)  # type: ignore[return-value]
+def replace_top(module: cst.Module, old: cst.BaseStatement, new: cst.BaseStatement) -> cst.Module:
+    """Swap one top-level statement (cheaper than deep_replace, which walks the whole tree)."""
+    body = [new if s is old else s for s in module.body]
+    return module.with_changes(body=body)
 
 
 def self_assignments(node: cst.CSTNode, attr: str) -> list[cst.Assign]:

@@ -7,6 +7,7 @@ is refused with a message naming the file and what was expected.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +75,12 @@ def defined_names(module: cst.Module) -> set[str]:
 
 
 def parse(rel: str, data: bytes) -> cst.Module:
+    """Parse once per content (libcst trees are immutable, and parsing is the slow part of every command)."""
+    return _parse_cached(rel, data)
+
+
+@functools.lru_cache(maxsize=128)
+def _parse_cached(rel: str, data: bytes) -> cst.Module:
     try:
         return cst.parse_module(data)
     except cst.ParserSyntaxError as exc:
