@@ -13,8 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
+from skimage import data
 
 from gpen_tune.patcher import plan_apply
 
@@ -78,8 +80,13 @@ results, counts = {}, {}
 for name, env in configs.items():
     for key in [k for k in os.environ if k.startswith('GPEN_TUNE_')]:
         del os.environ[key]
-    os.environ.update(env)
+    os.environ.update({k: v for k, v in env.items() if k.startswith('GPEN_TUNE_')})
     RetinaFaceDetection.built = FaceParse.built = 0
+    sr_weights = 'weights/realesrnet_x2.json'
+    if env.get('NO_SR_WEIGHTS') and os.path.exists(sr_weights):
+        os.rename(sr_weights, sr_weights + '.away')
+    if not env.get('NO_SR_WEIGHTS') and os.path.exists(sr_weights + '.away'):
+        os.rename(sr_weights + '.away', sr_weights)
     try:
         enh = FaceEnhancement(args, './', in_size=64, model='tiny-gpen', use_sr=False, device='cpu')
     except FileNotFoundError as exc:
@@ -160,10 +167,12 @@ PIPE_CONFIGS = {
     "face_crop": {"GPEN_TUNE_FACE_CROP": "1", "GPEN_TUNE_DET_SIZE": "640"},
     "everything": {"GPEN_TUNE_FACE_CROP": "1", "GPEN_TUNE_DET_SIZE": "640", "GPEN_TUNE_LAZY_DETECTOR": "release",
                    "GPEN_TUNE_CHECKPOINT": "1", "GPEN_TUNE_AMP": "bf16"},
+    "off_no_sr_weights": {"NO_SR_WEIGHTS": "1"},
+    "lazy_no_sr_weights": {"NO_SR_WEIGHTS": "1", "GPEN_TUNE_LAZY_DETECTOR": "1"},
 }
 
 
-def test_patched_pipeline_lazy_detector_and_face_crop(tmp_path):
+def test_patched_pipeline_and_demo_with_lazy_detector_and_face_crop(tmp_path):
     pristine = copy_checkout("fixture", tmp_path / "pristine")
     patched = copy_checkout("fixture", tmp_path / "patched")
     plan_apply(patched).commit()
@@ -176,6 +185,9 @@ def test_patched_pipeline_lazy_detector_and_face_crop(tmp_path):
     assert counts["off"]["init"] == [1, 1]                              # upstream: built in __init__
     assert counts["lazy"]["init"] == [0, 0] and counts["lazy"]["after"] == [1, 1]
     assert counts["release"]["after"] == [2, 1] and counts["release"]["detector_loaded_after"] is False
+    # upstream needs the SR weights even without --use_sr; with the lazy switch they are not touched
+    assert counts["off_no_sr_weights"] == {"error": "realesrnet_x2.json"}
+    assert np.array_equal(got["lazy_no_sr_weights"], ref)
 
     canvas_changed = np.abs(ref.astype(int) - 90).sum(axis=2) > 0
     assert canvas_changed[:512, :512].any()
@@ -185,14 +197,19 @@ def test_patched_pipeline_lazy_detector_and_face_crop(tmp_path):
     assert np.array_equal(got["face_crop"][:, 600:], ref[:, 600:])
     assert np.abs(got["face_crop_native"].astype(int) - ref).max() <= 2
 
-
-def test_lazy_models_need_no_weight_files_until_used(tmp_path):
-    patched = copy_checkout("fixture", tmp_path / "patched")
-    plan_apply(patched, ["lazy-detector"]).commit()
-    got = run_driver(PIPELINE_DRIVER, patched, tmp_path / "got.npz", {"off": {}, "lazy": PIPE_CONFIGS["lazy"]})
-    counts = json.loads((tmp_path / "got.npz.json").read_text())
-    assert counts["off"] == {"error": "realesrnet_x2.json"}     # upstream needs the SR weights even without SR
-    assert counts["lazy"]["after"] == [1, 1] and "lazy" in got
+    # demo.py documents the switches and runs with them (the weights are the ones the driver wrote)
+    help_text = subprocess.run([PY, "demo.py", "--help"], cwd=patched, capture_output=True, text=True).stdout
+    for flag in ("--lazy_detector", "--compile", "--amp", "--ops", "--checkpoint", "--face_crop", "--det_size",
+                 "--cuda_graph", "GPEN_TUNE_FACE_CROP"):
+        assert flag in help_text, flag
+    (patched / "inputs").mkdir()
+    cv2.imwrite(str(patched / "inputs" / "astronaut.png"), np.ascontiguousarray(data.astronaut()[:, :, ::-1]))
+    proc = subprocess.run([PY, "demo.py", "--face_crop", "--det_size", "256", "--lazy_detector", "release",
+                           "--checkpoint", "--amp", "bf16", "--ops", "torch"], cwd=patched, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "switches on:" in proc.stderr and "face_crop=1" in proc.stderr
+    assert (patched / "outputs" / "astronaut_GPEN.png").exists()
 
 
 UPSTREAM_LAZY = r"""
@@ -225,28 +242,3 @@ def test_upstream_lazy_detector_builds_without_detector_parser_sr_weights(tmp_pa
     proc = subprocess.run([PY, "-c", UPSTREAM_LAZY, str(patched)], capture_output=True, text=True, env=env,
                           timeout=600)
     assert proc.returncode != 0 and "RetinaFace-R50.pth" in proc.stderr
-
-
-def test_patched_demo_documents_and_applies_the_switches(tmp_path):
-    patched = copy_checkout("fixture", tmp_path / "patched")
-    pristine = copy_checkout("fixture", tmp_path / "pristine")
-    plan_apply(patched).commit()
-    help_text = subprocess.run([PY, "demo.py", "--help"], cwd=patched, capture_output=True, text=True).stdout
-    for flag in ("--lazy_detector", "--compile", "--amp", "--ops", "--checkpoint", "--face_crop", "--det_size",
-                 "--cuda_graph", "GPEN_TUNE_FACE_CROP"):
-        assert flag in help_text, flag
-    assert "--face_crop" not in subprocess.run([PY, "demo.py", "--help"], cwd=pristine, capture_output=True,
-                                               text=True).stdout
-    # run demo.py end to end with switches on (weights written by the pipeline driver's setup)
-    run_driver(PIPELINE_DRIVER, patched, tmp_path / "setup.npz", {}, ("realesrnet_x2.json",))
-    (patched / "inputs").mkdir()
-    import cv2
-    from skimage import data
-
-    cv2.imwrite(str(patched / "inputs" / "astronaut.png"), np.ascontiguousarray(data.astronaut()[:, :, ::-1]))
-    proc = subprocess.run([PY, "demo.py", "--face_crop", "--det_size", "256", "--lazy_detector", "release",
-                           "--checkpoint", "--amp", "bf16", "--ops", "torch"], cwd=patched, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "switches on:" in proc.stderr and "face_crop=1" in proc.stderr
-    assert (patched / "outputs" / "astronaut_GPEN.png").exists()
