@@ -31,6 +31,7 @@ GENERATOR_DRIVER = r"""
 import json, os, sys
 import numpy as np
 root, out, configs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+device = sys.argv[4] if len(sys.argv) > 4 else 'cpu'
 os.chdir(root); sys.path.insert(0, root)
 import __init_paths
 import cv2, torch
@@ -46,8 +47,9 @@ for name, env in configs.items():
     for key in [k for k in os.environ if k.startswith('GPEN_TUNE_')]:
         del os.environ[key]
     os.environ.update(env)
-    gan = FaceGAN('./', 64, None, 'tiny-gpen', 1, 0.125, None, device='cpu')
+    gan = FaceGAN('./', 64, None, 'tiny-gpen', 1, 0.125, None, device=device)
     results[name] = gan.process(face)
+    results[name + '_again'] = gan.process(face)        # second call: replays the CUDA graph / compiled code
 np.savez(out, **results)
 """
 
@@ -105,15 +107,26 @@ json.dump(counts, open(out + '.json', 'w'))
 """
 
 
+def run_drivers(driver: str, jobs: list[tuple[Path, Path, dict]], extra_weights: tuple[str, ...] = ()) -> list[dict]:
+    """Run one driver process per (checkout, output, configs), concurrently; return each one's arrays."""
+    procs = []
+    for root, out, configs in jobs:
+        for rel in extra_weights:
+            (root / "weights").mkdir(exist_ok=True)
+            (root / "weights" / rel).write_text("{}")
+        procs.append(subprocess.Popen([PY, "-c", driver, str(root), str(out), json.dumps(configs)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    for proc, (_root, out, _configs) in zip(procs, jobs, strict=True):
+        _stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode == 0, stderr[-3000:]
+        with np.load(out) as npz:
+            results.append({k: npz[k] for k in npz.files})
+    return results
+
+
 def run_driver(driver: str, root: Path, out: Path, configs: dict, extra_weights: tuple[str, ...] = ()) -> dict:
-    for rel in extra_weights:
-        (root / "weights").mkdir(exist_ok=True)
-        (root / "weights" / rel).write_text("{}")
-    proc = subprocess.run([PY, "-c", driver, str(root), str(out), json.dumps(configs)], capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    with np.load(out) as npz:
-        return {k: npz[k] for k in npz.files}
+    return run_drivers(driver, [(root, out, configs)], extra_weights)[0]
 
 
 def mean_abs(a: np.ndarray, b: np.ndarray) -> float:
@@ -138,8 +151,9 @@ def test_patched_generator_runs_with_each_switch_and_matches_upstream_with_switc
     pristine = copy_checkout(kind, tmp_path / "pristine")
     patched = copy_checkout(kind, tmp_path / "patched")
     plan_apply(patched).commit()
-    reference = run_driver(GENERATOR_DRIVER, pristine, tmp_path / "ref.npz", {"off": {}})["off"]
-    got = run_driver(GENERATOR_DRIVER, patched, tmp_path / "got.npz", GEN_CONFIGS)
+    ref, got = run_drivers(GENERATOR_DRIVER, [(pristine, tmp_path / "ref.npz", {"off": {}}),
+                                              (patched, tmp_path / "got.npz", GEN_CONFIGS)])
+    reference = ref["off"]
     assert reference.std() > 10                            # a real image, not a blank
     for exact in ("off", "checkpoint", "cuda_graph_on_cpu", "ops_torch"):
         assert np.array_equal(got[exact], reference), exact
@@ -147,6 +161,40 @@ def test_patched_generator_runs_with_each_switch_and_matches_upstream_with_switc
     for half in ("amp_bf16", "amp_fp16", "everything"):
         assert mean_abs(got[half], reference) < 2.0, half    # uint8 levels; fp32 islands keep it close
         assert not np.array_equal(got[half], reference) or half == "amp_fp16"
+
+
+GPU_CONFIGS = {
+    "fp32": {"GPEN_TUNE_OPS": "torch"},
+    "fast_modconv": {"GPEN_TUNE_OPS": "torch", "GPEN_TUNE_FAST_MODCONV": "1"},
+    "cuda_graph": {"GPEN_TUNE_OPS": "torch", "GPEN_TUNE_CUDA_GRAPH": "1"},
+    "amp_bf16": {"GPEN_TUNE_AMP": "bf16"},
+    "amp_fp16_graph": {"GPEN_TUNE_AMP": "fp16", "GPEN_TUNE_CUDA_GRAPH": "1"},
+    "compile": {"GPEN_TUNE_COMPILE": "1"},
+    "compile_bf16_checkpoint_graph": {"GPEN_TUNE_COMPILE": "1", "GPEN_TUNE_AMP": "bf16", "GPEN_TUNE_CHECKPOINT": "1",
+                                      "GPEN_TUNE_CUDA_GRAPH": "1"},
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["fixture", "upstream"])
+def test_patched_generator_switches_on_a_gpu(kind, tmp_path):
+    """On CUDA: pure-PyTorch fp32 as the reference (no extension build), every GPU switch close to it."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    patched = copy_checkout(kind, tmp_path / "patched")
+    plan_apply(patched).commit()
+    proc = subprocess.run([PY, "-c", GENERATOR_DRIVER, str(patched), str(tmp_path / "gpu.npz"),
+                           json.dumps(GPU_CONFIGS), "cuda"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "running without it" not in proc.stderr               # the CUDA graph was captured, not skipped
+    with np.load(tmp_path / "gpu.npz") as got:
+        reference = got["fp32"]
+        for name in GPU_CONFIGS:
+            for key in (name, name + "_again"):
+                limit = 2.0 if ("amp" in name or "bf16" in name) else 0.05
+                assert mean_abs(got[key], reference) < limit, key
 
 
 @pytest.mark.slow
@@ -177,8 +225,9 @@ def test_patched_pipeline_and_demo_with_lazy_detector_and_face_crop(tmp_path):
     patched = copy_checkout("fixture", tmp_path / "patched")
     plan_apply(patched).commit()
     sr = ("realesrnet_x2.json",)
-    ref = run_driver(PIPELINE_DRIVER, pristine, tmp_path / "ref.npz", {"off": {}}, sr)["off"]
-    got = run_driver(PIPELINE_DRIVER, patched, tmp_path / "got.npz", PIPE_CONFIGS, sr)
+    ref, got = run_drivers(PIPELINE_DRIVER, [(pristine, tmp_path / "ref.npz", {"off": {}}),
+                                             (patched, tmp_path / "got.npz", PIPE_CONFIGS)], sr)
+    ref = ref["off"]
     counts = json.loads((tmp_path / "got.npz.json").read_text())
 
     assert np.array_equal(got["off"], ref) and np.array_equal(got["lazy"], ref) and np.array_equal(got["release"], ref)
