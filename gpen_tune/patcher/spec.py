@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
@@ -46,4 +46,3 @@ class Patch:
     adds: tuple[AddedFile, ...] = ()
     requires: tuple[str, ...] = ()
     public: bool = True
-    notes: tuple[str, ...] = field(default_factory=tuple)
