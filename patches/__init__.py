@@ -8,7 +8,7 @@ runtime/gpen_tune_runtime.py, copied into the checkout. Applied by `gpen-tune ap
 
 from __future__ import annotations
 
-from patches import (
+from . import (
     act_checkpoint,
     amp,
     cuda_graph,

@@ -7,10 +7,12 @@ from typing import Annotated
 
 import typer
 
-import patches as patchset
 from gpen_tune.cli import app
 from gpen_tune.cli._console import err, fail, out
 from gpen_tune.patcher import UPSTREAM_COMMIT, UPSTREAM_REPO, PatchError, parse_only, plan_apply, plan_revert, status
+from gpen_tune.patcher.patchset import load as _load_patchset
+
+patchset = _load_patchset()
 
 HELP = (
     f"Patch an upstream GPEN checkout ({UPSTREAM_REPO} {UPSTREAM_COMMIT}) in place with gpen-tune's optimizations.\n\n"

@@ -16,11 +16,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import patches as patchset
 from gpen_tune.patcher.errors import PatchError
+from gpen_tune.patcher.patchset import load as _load_patchset
 from gpen_tune.patcher.recognise import REQUIRED, Recognition, parse, recognise
 from gpen_tune.patcher.spec import UPSTREAM_COMMIT, UPSTREAM_REPO, EditContext, Patch
 from gpen_tune.patcher.transaction import StepHook, commit
+
+patchset = _load_patchset()
 
 STATE_DIR = ".gpen_tune"
 MANIFEST = f"{STATE_DIR}/manifest.json"
