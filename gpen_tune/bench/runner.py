@@ -73,6 +73,10 @@ def environment(device: torch.device) -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "device_type": device.type,
+        # the fp32 default is PyTorch's default fp32: cuDNN convs may use TF32 tensor cores unless turned off
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
