@@ -31,6 +31,7 @@ MIN_MEGAPIXELS = 12.0
 
 def big_photo(n_faces: int = 12, min_mp: float = MIN_MEGAPIXELS) -> np.ndarray:
     import cv2
+
     from gpen_tune.face.samples import mosaic
 
     base = mosaic(n_faces=n_faces, seed=0)

@@ -1,0 +1,99 @@
+"""The fused elementwise passes of the fast generator, in plain PyTorch (CPU path, reference, torch.compile path).
+
+Each function computes in one expression what the plain model does in several passes, so that Inductor can emit
+it as one kernel and the Triton kernels in `gpen_tune.fast.triton_kernels` have an exact twin to be tested
+against. Shapes are NCHW logically; the memory format of the inputs is kept.
+
+Styled-conv epilogue (decoder), for a conv output y with C channels and the encoder feature f (C channels):
+    out[:, :C] = lrelu(blur(y) * d + b_h) * sqrt2 * s_h      (d: demodulation [B, C], s_h: next layer's style)
+    out[:, C:] = lrelu(f * nw + b_f) * sqrt2 * s_f           (the 'noise' half: concatenated encoder feature)
+i.e. demodulation + concat + bias + leaky ReLU + gain + the *next* conv's input modulation in one pass, writing
+the next conv's input directly (no concatenated copy, no separately scaled copy).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+SQRT2 = math.sqrt(2.0)
+NEG_SLOPE = 0.2
+# |style| floor for the scale written into the buffer; see `safe_style`
+STYLE_FLOOR = 1e-20
+
+
+def safe_style(s: torch.Tensor) -> torch.Tensor:
+    """s with |s| >= 1e-20 (sign kept, 0 -> +1e-20).
+
+    The buffer holds act * s_next, and ToRGB divides by s_next to undo it; the floor keeps that division finite.
+    Replacing a |s| < 1e-20 by 1e-20 changes the next conv's input by < 1e-20 * |act|: far below any rounding.
+    """
+    return torch.where(s >= 0, s.clamp(min=STYLE_FLOOR), s.clamp(max=-STYLE_FLOOR))
+
+
+def separable_taps(kernel: torch.Tensor) -> tuple[list[float], list[float]]:
+    """1-D taps (rows, cols) of a rank-1 4x4 FIR, flipped for correlation (upfirdn2d is a true convolution)."""
+    k = kernel.detach().double().cpu().flip(0, 1)
+    rows = k.sum(1)
+    cols = k.sum(0) / k.sum()
+    if not torch.allclose(rows[:, None] * cols[None, :], k, rtol=1e-6, atol=1e-9):
+        raise NotImplementedError("fast path needs a separable FIR kernel (GPEN's [1,3,3,1] is)")
+    return [float(v) for v in rows], [float(v) for v in cols]
+
+
+def blur(x: torch.Tensor, taps: tuple[list[float], list[float]], pad: int, impl: str = "slices") -> torch.Tensor:
+    """Depthwise 4x4 FIR with `pad` zeros on every side: H -> H + 2*pad - 3.
+
+    impl "slices": 4 + 4 shifted slices with constant taps (Inductor fuses it with the surrounding pointwise ops);
+    impl "conv": one depthwise conv2d (what upfirdn2d does).
+    """
+    rows, cols = taps
+    xp = F.pad(x, [pad, pad, pad, pad])
+    ho, wo = xp.shape[2] - 3, xp.shape[3] - 3
+    if impl == "conv":
+        c = x.shape[1]
+        k2 = torch.tensor(rows, dtype=torch.float64)[:, None] * torch.tensor(cols, dtype=torch.float64)[None, :]
+        weight = k2.to(device=x.device, dtype=x.dtype).expand(c, 1, 4, 4)
+        if x.is_contiguous(memory_format=torch.channels_last):
+            weight = weight.contiguous(memory_format=torch.channels_last)
+        return F.conv2d(xp, weight, groups=c)
+    if impl != "slices":
+        raise ValueError(f"unknown blur impl {impl!r}; use 'slices' or 'conv'")
+    t = sum(rows[i] * xp[:, :, i:i + ho, :] for i in range(4))
+    return sum(cols[j] * t[:, :, :, j:j + wo] for j in range(4))
+
+
+def lrelu_gain(x: torch.Tensor) -> torch.Tensor:
+    """sqrt(2) * leaky_relu(x, 0.2)."""
+    return F.leaky_relu(x, NEG_SLOPE) * SQRT2
+
+
+def _bc(v: torch.Tensor) -> torch.Tensor:
+    """[C] -> [1, C, 1, 1]; [B, C] -> [B, C, 1, 1]."""
+    return v.view(1, -1, 1, 1) if v.dim() == 1 else v[:, :, None, None]
+
+
+def styled_epilogue(y: torch.Tensor, f: torch.Tensor, d: torch.Tensor, b_h: torch.Tensor, s_h: torch.Tensor,
+                    b_f: torch.Tensor, s_f: torch.Tensor, nw: float,
+                    taps: tuple[list[float], list[float]] | None = None, blur_impl: str = "slices") -> torch.Tensor:
+    """The decoder's fused pass (module docstring). taps given: y is the transposed-conv output (2H+1), blurred
+    with pad 1 to 2H first. Vectors are fp32; the result has y's dtype and memory format."""
+    dt = y.dtype
+    if taps is not None:
+        y = blur(y, taps, pad=1, impl=blur_impl)
+    h = lrelu_gain(y * _bc(d).to(dt) + _bc(b_h).to(dt)) * _bc(s_h).to(dt)
+    g = lrelu_gain(f.to(dt) * nw + _bc(b_f).to(dt)) * _bc(s_f).to(dt)
+    out = torch.cat([h, g], dim=1)
+    if y.is_contiguous(memory_format=torch.channels_last):
+        out = out.contiguous(memory_format=torch.channels_last)
+    return out
+
+
+def encoder_epilogue(z: torch.Tensor, bias: torch.Tensor, taps: tuple[list[float], list[float]] | None = None,
+                     blur_impl: str = "slices") -> tuple[torch.Tensor, torch.Tensor | None]:
+    """f = sqrt2 * lrelu(z + bias) (the encoder feature) and, with taps, the next layer's input blur(f, pad 2)."""
+    f = lrelu_gain(z + _bc(bias).to(z.dtype))
+    fb = blur(f, taps, pad=2, impl=blur_impl) if taps is not None else None
+    return f, fb

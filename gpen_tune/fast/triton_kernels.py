@@ -1,0 +1,185 @@
+"""Triton kernels for the two fused passes of the fast generator (channels-last, i.e. NHWC memory).
+
+Twins of `gpen_tune.fast.epilogue.styled_epilogue` / `encoder_epilogue`: same formulas, one read of each input and
+one write of each output, fp32 arithmetic, the 4x4 FIR as 16 shifted loads over a 2-D pixel tile (neighbouring
+taps hit L1). Used on CUDA only; `available()` says whether they can run (CPU tests run them through Triton's
+interpreter, TRITON_INTERPRET=1). Offsets are int64: batch 128 at 1024 px exceeds 2**31 elements.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+try:  # Triton is optional: the PyTorch twins in epilogue.py are the fallback
+    import triton
+    import triton.language as tl
+except Exception:  # pragma: no cover - depends on the install
+    triton = None
+    tl = None
+
+_SQRT2 = math.sqrt(2.0)
+
+
+def available(device: torch.device | str) -> bool:
+    """Triton kernels can run for tensors on `device` (CUDA, or any device under the interpreter)."""
+    import os
+
+    if triton is None:
+        return False
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True
+    return torch.device(device).type == "cuda"
+
+
+def _tiles(c: int) -> tuple[int, int, int]:
+    """(BLOCK_C, TILE_Y, TILE_X): a [TILE_Y*TILE_X, BLOCK_C] tile of ~4096 elements, channels innermost."""
+    block_c = min(64, triton.next_power_of_2(c))
+    pixels = max(16, 4096 // block_c)
+    tile_x = 16
+    return block_c, pixels // tile_x, tile_x
+
+
+if triton is not None:
+
+    @triton.jit
+    def _styled_epilogue_kernel(y_ptr, f_ptr, out_ptr, d_ptr, bh_ptr, sh_ptr, bf_ptr, sf_ptr, taps_ptr, nw, gain,
+                                C, H, W, HY, WY, n_tx, d_stride, sh_stride, sf_stride,
+                                BLUR: tl.constexpr, PAD: tl.constexpr, TILE_Y: tl.constexpr,
+                                TILE_X: tl.constexpr, BLOCK_C: tl.constexpr):
+        pid_t = tl.program_id(0)
+        pid_c = tl.program_id(1)
+        b = tl.program_id(2).to(tl.int64)
+        ty = pid_t // n_tx
+        tx = pid_t % n_tx
+        i = tl.arange(0, TILE_Y * TILE_X)
+        py = ty * TILE_Y + i // TILE_X
+        px = tx * TILE_X + i % TILE_X
+        pm = (py < H) & (px < W)
+        c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+        cm = c < C
+        m2 = pm[:, None] & cm[None, :]
+        if BLUR:
+            acc = tl.zeros([TILE_Y * TILE_X, BLOCK_C], dtype=tl.float32)
+            for u in tl.static_range(4):
+                yy = py + (u - PAD)
+                for v in tl.static_range(4):
+                    xx = px + (v - PAD)
+                    ok = pm & (yy >= 0) & (yy < HY) & (xx >= 0) & (xx < WY)
+                    tap = tl.load(taps_ptr + u * 4 + v)
+                    off = ((b * HY + yy) * WY + xx) * C
+                    val = tl.load(y_ptr + off[:, None] + c[None, :], mask=ok[:, None] & cm[None, :], other=0.0)
+                    acc += tap * val.to(tl.float32)
+        else:
+            off = ((b * H + py) * W + px) * C
+            acc = tl.load(y_ptr + off[:, None] + c[None, :], mask=m2, other=0.0).to(tl.float32)
+        d = tl.load(d_ptr + b * d_stride + c, mask=cm, other=0.0)
+        bh = tl.load(bh_ptr + c, mask=cm, other=0.0)
+        sh = tl.load(sh_ptr + b * sh_stride + c, mask=cm, other=0.0)
+        a = acc * d[None, :] + bh[None, :]
+        a = tl.where(a >= 0, a, a * 0.2) * gain * sh[None, :]
+        pix = (b * H + py) * W + px
+        out_off = pix * (2 * C)
+        tl.store(out_ptr + out_off[:, None] + c[None, :], a.to(out_ptr.dtype.element_ty), mask=m2)
+        fv = tl.load(f_ptr + (pix * C)[:, None] + c[None, :], mask=m2, other=0.0).to(tl.float32)
+        bf = tl.load(bf_ptr + c, mask=cm, other=0.0)
+        sf = tl.load(sf_ptr + b * sf_stride + c, mask=cm, other=0.0)
+        g = fv * nw + bf[None, :]
+        g = tl.where(g >= 0, g, g * 0.2) * gain * sf[None, :]
+        tl.store(out_ptr + out_off[:, None] + C + c[None, :], g.to(out_ptr.dtype.element_ty), mask=m2)
+
+    @triton.jit
+    def _encoder_epilogue_kernel(z_ptr, bias_ptr, f_ptr, fb_ptr, taps_ptr, gain, C, H, W, HB, WB, n_tx,
+                                 BLUR: tl.constexpr, PAD: tl.constexpr, TILE_Y: tl.constexpr,
+                                 TILE_X: tl.constexpr, BLOCK_C: tl.constexpr):
+        # iterates over the blurred output grid (HB x WB >= H x W) when BLUR, else over H x W
+        pid_t = tl.program_id(0)
+        pid_c = tl.program_id(1)
+        b = tl.program_id(2).to(tl.int64)
+        ty = pid_t // n_tx
+        tx = pid_t % n_tx
+        i = tl.arange(0, TILE_Y * TILE_X)
+        py = ty * TILE_Y + i // TILE_X
+        px = tx * TILE_X + i % TILE_X
+        c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+        cm = c < C
+        bias = tl.load(bias_ptr + c, mask=cm, other=0.0)
+        fm = (py < H) & (px < W)
+        off = ((b * H + py) * W + px) * C
+        zv = tl.load(z_ptr + off[:, None] + c[None, :], mask=fm[:, None] & cm[None, :], other=0.0).to(tl.float32)
+        a = zv + bias[None, :]
+        a = tl.where(a >= 0, a, a * 0.2) * gain
+        tl.store(f_ptr + off[:, None] + c[None, :], a.to(f_ptr.dtype.element_ty), mask=fm[:, None] & cm[None, :])
+        if BLUR:
+            bm = (py < HB) & (px < WB)
+            acc = tl.zeros([TILE_Y * TILE_X, BLOCK_C], dtype=tl.float32)
+            for u in tl.static_range(4):
+                yy = py + (u - PAD)
+                for v in tl.static_range(4):
+                    xx = px + (v - PAD)
+                    ok = bm & (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
+                    m = ok[:, None] & cm[None, :]
+                    tap = tl.load(taps_ptr + u * 4 + v)
+                    zo = ((b * H + yy) * W + xx) * C
+                    t = tl.load(z_ptr + zo[:, None] + c[None, :], mask=m, other=0.0).to(tl.float32) + bias[None, :]
+                    # round like the stored feature, so fb = blur(f) exactly as the unfused path computes it
+                    t = (tl.where(t >= 0, t, t * 0.2) * gain).to(f_ptr.dtype.element_ty).to(tl.float32)
+                    acc += tap * tl.where(m, t, 0.0)
+            bo = ((b * HB + py) * WB + px) * C
+            tl.store(fb_ptr + bo[:, None] + c[None, :], acc.to(fb_ptr.dtype.element_ty), mask=bm[:, None] & cm[None, :])
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """A [B, C] fp32 matrix the kernel can index as ptr + b * stride(0) + c (column slices stay views)."""
+    t = t.float()
+    return t if t.stride(1) == 1 else t.contiguous()
+
+
+def _nhwc(x: torch.Tensor) -> bool:
+    return x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+
+
+def styled_epilogue(y: torch.Tensor, f: torch.Tensor, d: torch.Tensor, b_h: torch.Tensor, s_h: torch.Tensor,
+                    b_f: torch.Tensor, s_f: torch.Tensor, nw: float, taps2d: torch.Tensor | None = None,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton twin of epilogue.styled_epilogue; y, f channels-last; taps2d: [4, 4] fp32 correlation taps or None.
+
+    Returns [B, 2C, H, W] channels-last in y's dtype (written into `out` when given).
+    """
+    bsz, c, hy, wy = y.shape
+    blur = taps2d is not None
+    h, w = (hy - 1, wy - 1) if blur else (hy, wy)
+    assert _nhwc(y) and _nhwc(f) and f.shape == (bsz, c, h, w), "channels-last y/f with matching shapes"
+    if out is None:
+        out = torch.empty((bsz, 2 * c, h, w), device=y.device, dtype=y.dtype, memory_format=torch.channels_last)
+    block_c, tile_y, tile_x = _tiles(c)
+    n_tx = triton.cdiv(w, tile_x)
+    grid = (triton.cdiv(h, tile_y) * n_tx, triton.cdiv(c, block_c), bsz)
+    d, s_h, s_f = (_rows(t) for t in (d, s_h, s_f))           # [B, C] views with unit column stride, any row stride
+    _styled_epilogue_kernel[grid](
+        y, f, out, d, b_h.contiguous(), s_h, b_f.contiguous(), s_f,
+        taps2d if blur else d, float(nw), _SQRT2, c, h, w, hy, wy, n_tx, d.stride(0), s_h.stride(0), s_f.stride(0),
+        BLUR=blur, PAD=1, TILE_Y=tile_y, TILE_X=tile_x, BLOCK_C=block_c, num_warps=4,
+    )
+    return out
+
+
+def encoder_epilogue(z: torch.Tensor, bias: torch.Tensor, taps2d: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Triton twin of epilogue.encoder_epilogue: f = sqrt2*lrelu(z+bias) and fb = blur(f, pad 2) in one pass."""
+    bsz, c, h, w = z.shape
+    assert _nhwc(z), "channels-last z"
+    f = torch.empty_like(z, memory_format=torch.channels_last)
+    blur = taps2d is not None
+    hb, wb = (h + 1, w + 1) if blur else (h, w)
+    fb = torch.empty((bsz, c, hb, wb), device=z.device, dtype=z.dtype,
+                     memory_format=torch.channels_last) if blur else None
+    block_c, tile_y, tile_x = _tiles(c)
+    n_tx = triton.cdiv(wb, tile_x)
+    grid = (triton.cdiv(hb, tile_y) * n_tx, triton.cdiv(c, block_c), bsz)
+    _encoder_epilogue_kernel[grid](
+        z, bias.contiguous(), f, fb if blur else f, taps2d if blur else bias, _SQRT2, c, h, w, hb, wb, n_tx,
+        BLUR=blur, PAD=2, TILE_Y=tile_y, TILE_X=tile_x, BLOCK_C=block_c, num_warps=4,
+    )
+    return f, fb
