@@ -246,7 +246,8 @@ def _measure_row(row: Row, base: torch.nn.Module, faces: torch.Tensor, device: t
         "_outputs": outs,
     }
     if device.type == "cpu" and not row.cfg.compile:  # no allocator statistics on the CPU: trace live tensors
-        entry["traced_activation_peak_mib_bs1"] = generator_activation_peak(restore.model, on_device[:1]) / MiB
+        traced = restore.forward if isinstance(restore.forward, torch.nn.Module) else restore.model
+        entry["traced_activation_peak_mib_bs1"] = generator_activation_peak(traced, on_device[:1]) / MiB
     if device.type == "cuda":
         det_batch = on_device[[i % n for i in range(4)]]
         entry["detector_memory"] = detector_memory.measure(restore, det_batch, device, row.cfg.lazy_detector,
