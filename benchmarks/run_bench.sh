@@ -16,7 +16,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 run() {  # model, batch sizes
   "$PY" -m gpen_tune.bench --model "$1" --device cuda --batch-sizes "$2" --repeats 10 --warmup 2 \
-    --max-faces 16 --max-minutes 6.5 "${INPUTS[@]}" -o "$DEST"
+    --max-faces 16 --max-minutes 6.5 ${INPUTS[@]+"${INPUTS[@]}"} -o "$DEST"
 }
 
 case "${1:-all}" in

@@ -52,7 +52,7 @@ def bench_run(crops_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_out")
     args = ["bench", "--model", "tiny32", "--device", "cpu", "--inputs", str(crops_dir), "--batch-sizes", "1,2",
             "--rows", "default,amp,act_checkpoint,cuda_graph,lazy_detector", "--repeats", "2", "--warmup", "0",
-            "-o", str(out)]
+            "--preset", "low-memory", "-o", str(out)]
     result = CliRunner().invoke(cli(), args)
     return result, out
 
@@ -70,7 +70,8 @@ def test_bench_writes_json_markdown_and_png(bench_run):
     assert meta["command"].startswith("gpen-tune bench --output ") and "--model tiny32 --device cpu" in meta["command"]
     assert "--rows default,amp,act_checkpoint,cuda_graph,lazy_detector" in meta["command"]
     assert meta["faces"] == 2
-    assert [r["name"] for r in data["rows"]] == ["default", "amp", "act_checkpoint", "cuda_graph", "lazy_detector"]
+    names = [r["name"] for r in data["rows"]]
+    assert names == ["default", "amp", "act_checkpoint", "cuda_graph", "lazy_detector", "custom"]
 
     rows = {r["name"]: r for r in data["rows"]}
     default = rows["default"]
@@ -89,6 +90,12 @@ def test_bench_writes_json_markdown_and_png(bench_run):
     assert rows["cuda_graph"]["status"] == "skipped"
     assert "CUDA Graphs need a CUDA device" in rows["cuda_graph"]["reason"]
     assert rows["lazy_detector"]["status"] == "skipped" and "nothing to free" in rows["lazy_detector"]["reason"]
+
+    custom = rows["custom"]  # --preset low-memory: measured as its own row; the GPU-only part noted, not fatal
+    assert custom["status"] == "ok" and custom["label"].startswith("preset low-memory")
+    assert custom["config"]["act_checkpoint"] and custom["config"]["amp"] == "bf16"
+    assert "lazy_detector" in custom["skipped_switches"] and custom["psnr_db"] >= 40.0
+    assert "preset low-memory" in result.output
 
     md = next(out.glob("*.md")).read_text()
     assert "| default (fp32 eager, all off) |" in md and "skipped: cuda_graph: CUDA Graphs need a CUDA device" in md

@@ -423,3 +423,15 @@ def test_cudnn_search_pool_is_released_after_warmup():
     torch.cuda.synchronize()
     # whatever the algorithm search reserved is handed back; what stays is what the generator holds
     assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() < 512 * 1024**2
+
+
+def test_fused_switch_uses_the_fast_module_built_from_fp32_weights(tiny_model, tiny_ref):
+    pytest.importorskip("gpen_tune.fast", reason="needs the fast part (gpen_tune.fast)")
+    x, ref = tiny_ref
+    exact = build_restorer(copy.deepcopy(tiny_model), TuneConfig(fused=True), "cpu")
+    assert exact.forward is not exact.model and not exact.fallbacks
+    assert (exact(x) - ref).abs().max() <= 1e-3
+    half = build_restorer(copy.deepcopy(tiny_model), TuneConfig(fused=True, amp="bf16"), "cpu")
+    assert half.model.ecd0[0][0].weight.dtype == torch.bfloat16  # the fallback template is cast after fusing
+    assert half.reserve is not None and half.reserve.exact
+    assert psnr(half(x), ref) >= 40.0

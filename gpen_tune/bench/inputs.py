@@ -42,10 +42,11 @@ def bundled_crops(size: int, limit: int | None = None) -> np.ndarray:
     """Faces detected in the bundled real photos (gpen_tune.face.samples, the pipeline part)."""
     try:
         from gpen_tune.face.samples import aligned_face_crops
-    except ImportError as e:
-        raise InputError(f"the bundled face crops need gpen_tune.face.samples ({e}); pass --inputs DIR with "
-                         "aligned face crops instead") from None
-    return aligned_face_crops(size, n=limit)
+
+        return aligned_face_crops(size, n=limit)
+    except Exception as e:  # the pipeline part or its offline detector (facenet-pytorch) missing
+        raise InputError(f"the bundled face crops need gpen_tune.face.samples and its detector "
+                         f"({type(e).__name__}: {e}); pass --inputs DIR with aligned face crops instead") from None
 
 
 def to_tensor(crops: np.ndarray) -> torch.Tensor:

@@ -103,15 +103,22 @@ def plot(result: dict, path: Path) -> None:
 
     rows = [r for r in result["rows"] if r["status"] == "ok"]
     names = [r["name"] for r in rows]
+    on_gpu = any(b["peak_allocated_mib"] is not None for r in rows for b in r["per_batch"].values())
+    if on_gpu:
+        memory = ("peak allocated MiB at batch 1", [r["per_batch"].get("1", {}).get("peak_allocated_mib") or 0
+                                                     for r in rows])
+    else:
+        memory = ("activation peak MiB at batch 1 (traced, CPU)",
+                  [r.get("traced_activation_peak_mib_bs1") or 0 for r in rows])
     panels = [
         ("ms / face at batch 1 (lower is better)", [r["ms_per_face_bs1"] or 0 for r in rows]),
         ("faces / s at the best batch (higher is better)", [r["best_faces_per_s"] for r in rows]),
-        ("peak allocated MiB at the best batch", [r["per_batch"][str(r["best_batch"])]["peak_allocated_mib"] or 0
-                                                  for r in rows]),
+        memory,
     ]
     fig, axes = plt.subplots(1, 3, figsize=(16, 0.45 * max(len(rows), 3) + 1.8))
     for ax, (title, values) in zip(axes, panels, strict=True):
-        ax.barh(names, values, color="#4878a8")
+        bars = ax.barh(names, values, color="#4878a8")
+        ax.bar_label(bars, fmt="%.4g", fontsize=7, padding=2)
         ax.invert_yaxis()
         ax.set_title(title, fontsize=10)
         ax.grid(axis="x", alpha=0.3)

@@ -73,6 +73,10 @@ def environment(device: torch.device) -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "device_type": device.type,
+        # the fp32 default is PyTorch's default fp32: cuDNN convs may use TF32 tensor cores unless turned off
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -242,7 +246,8 @@ def _measure_row(row: Row, base: torch.nn.Module, faces: torch.Tensor, device: t
         "_outputs": outs,
     }
     if device.type == "cpu" and not row.cfg.compile:  # no allocator statistics on the CPU: trace live tensors
-        entry["traced_activation_peak_mib_bs1"] = generator_activation_peak(restore.model, on_device[:1]) / MiB
+        traced = restore.forward if isinstance(restore.forward, torch.nn.Module) else restore.model
+        entry["traced_activation_peak_mib_bs1"] = generator_activation_peak(traced, on_device[:1]) / MiB
     if device.type == "cuda":
         det_batch = on_device[[i % n for i in range(4)]]
         entry["detector_memory"] = detector_memory.measure(restore, det_batch, device, row.cfg.lazy_detector,

@@ -107,6 +107,8 @@ def bench(
     from gpen_tune.bench.inputs import InputError
     from gpen_tune.tune import TuneConfig
 
+    if output.exists() and not output.is_dir():
+        raise fail(f"{output}: exists and is not a folder; pass -o/--output with a folder for the results")
     if compile_mode == CompileMode.off:
         raise fail("--compile-mode off: the compile rows need a mode; leave them out with --rows instead")
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -6,8 +6,10 @@ nothing at inference (measured.md). GPEN's real inference peak is different: eve
 from the encoder pass until the decoder reaches its resolution (they are concatenated as "noise"), and the
 largest ones (ecd0 at S x S, ecd1 at S/2 x S/2) are needed only by the last decoder levels, exactly where the
 decoder's own tensors are widest.
-What changes, two measured parts (activation peak of GPEN-256 at batch 2, traced on the CPU by
-`gpen_tune.tune.live_memory`: 159 MiB -> 111 MiB with the in-place ops -> 96 MiB with both, -39%):
+What changes, two measured parts (activation peaks traced on the CPU by `gpen_tune.tune.live_memory`; weights
+and input excluded): GPEN-256 at batch 2: 159 MiB -> 111 MiB with the in-place ops -> 96 MiB with both (-39%);
+GPEN-512 at batch 1: fp32 635 -> 385 MiB, bf16 320 -> 194 MiB (-39%). On the GPU, `bench` measures the real
+peak (allocator rounding and cuDNN workspaces included).
 1. In-place activations: every bias + leaky ReLU + gain (FusedLeakyReLU, 2 full-size temporaries per layer) runs in
    place on its fresh input, and the encoder feature is scaled inside the concatenation buffer instead of in a
    temporary (NoiseInjection). The modules' classes are swapped for in-place subclasses: same parameters, same
