@@ -210,6 +210,9 @@ class FusedGenerator(nn.Module):
             h = fb if want_blur else f
         return feats
 
+    def extra_repr(self) -> str:
+        return f"size={self.size}, dtype={self.dtype}, {self.opts}"
+
     def _apply(self, fn, *args, **kwargs):
         self._use_triton = None  # .to(device) may change which epilogue can run
         return super()._apply(fn, *args, **kwargs)
