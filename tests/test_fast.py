@@ -130,6 +130,25 @@ def test_half_fused_holds_40db(tiny_models, dtype):
     assert psnr(got, want) >= 40.0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_zero_style_channel_stays_finite_and_exact(dtype):
+    """A style exactly 0 on a channel the buffer is pre-scaled by: ToRGB's s_rgb / s_next must not blow up."""
+    model = load_model("synthetic", model=TINY[32])
+    mod = model.generator.convs[2].conv.modulation     # the style that scales the buffer ToRGB 8 px reads
+    with torch.no_grad():
+        mod.weight[:3] = 0
+        mod.bias[:3] = 0
+    x = faces(32, 2)
+    with torch.no_grad():
+        want = model(x)
+        got = fuse(model, dtype)(x)
+    assert bool(torch.isfinite(got).all())
+    if dtype == torch.float32:
+        assert float((got - want).abs().max()) <= FP32_TOL
+    else:
+        assert psnr(got, want) >= 40.0
+
+
 def test_options_are_checked(tiny_models):
     with pytest.raises(ValueError, match="enc_blur"):
         FastOptions(enc_blur="nope")
@@ -205,9 +224,10 @@ def test_folded_encoder_kernel_equals_blur_then_conv():
 
 
 def test_safe_style_floor_keeps_sign_and_value():
-    s = torch.tensor([0.0, 1e-30, -1e-30, 0.5, -2.0])
-    out = E.safe_style(s)
-    assert torch.equal(out, torch.tensor([1e-20, 1e-20, -1e-20, 0.5, -2.0]))
+    s = torch.tensor([[0.0, 1e-30, -1e-30, 0.5, -2.0]])
+    assert torch.equal(E.safe_style(s), torch.tensor([[1e-20, 1e-20, -1e-20, 0.5, -2.0]]))
+    rel = E.safe_style(s, rel=0.25)                          # floor 0.25 * 2.0 = 0.5
+    assert torch.equal(rel, torch.tensor([[0.5, 0.5, -0.5, 0.5, -2.0]]))
 
 
 # ---------------------------------------------------------------------------------------------------------------
