@@ -15,6 +15,7 @@ _LAZY = {
     "FullGenerator": ("gpen_tune.model.gpen", "FullGenerator"),
     "GPENConfig": ("gpen_tune.model.configs", "GPENConfig"),
     "MODELS": ("gpen_tune.model.configs", "MODELS"),
+    "enhance_image": ("gpen_tune.face.pipeline", "enhance_image"),
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -15,7 +15,7 @@ app = typer.Typer(
 
 def _register() -> None:
     # each command module adds its commands to `app` on import
-    pass
+    from gpen_tune.cli import bench, demo, doctor, enhance, weights  # noqa: F401
 
 
 _register()

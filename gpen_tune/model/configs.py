@@ -85,6 +85,7 @@ class ModelInfo:
 
 _OSS = "https://public-vigen-video.oss-cn-shanghai.aliyuncs.com/robin/models/"
 _MS_HIRES = "https://modelscope.cn/models/damo/cv_gpen_image-portrait-enhancement-hires"
+_MS_API = "https://modelscope.cn/api/v1/models/damo/cv_gpen_image-portrait-enhancement-hires/repo?Revision=master&FilePath="
 
 MODELS: dict[str, ModelInfo] = {
     "GPEN-BFR-256": ModelInfo(
@@ -108,7 +109,7 @@ MODELS: dict[str, ModelInfo] = {
         config=GPENConfig(1024, channel_multiplier=2, narrow=1),
         task="blind face restoration, 1024 px",
         filename="GPEN-BFR-1024.pth",
-        urls=(_MS_HIRES + "/resolve/master/pytorch_model.pt",),
+        urls=(_MS_HIRES + "/resolve/master/pytorch_model.pt", _MS_API + "pytorch_model.pt"),
         source_note=(
             "distributed through ModelScope 'damo/cv_gpen_image-portrait-enhancement-hires' as pytorch_model.pt; "
             "download it there and pass the file with --weights PATH or put it into the cache as GPEN-BFR-1024.pth"
@@ -119,7 +120,7 @@ MODELS: dict[str, ModelInfo] = {
         config=GPENConfig(2048, channel_multiplier=2, narrow=1),
         task="blind face restoration, 2048 px (selfies)",
         filename="GPEN-BFR-2048.pth",
-        urls=(_MS_HIRES + "/resolve/master/pytorch_model-2048.pt",),
+        urls=(_MS_HIRES + "/resolve/master/pytorch_model-2048.pt", _MS_API + "pytorch_model-2048.pt"),
         source_note=(
             "distributed through ModelScope 'damo/cv_gpen_image-portrait-enhancement-hires' as "
             "pytorch_model-2048.pt; download it there and pass the file with --weights PATH or put it into "

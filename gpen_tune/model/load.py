@@ -18,6 +18,7 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     key: str | None = None,
+    download: bool = False,
 ) -> FullGenerator:
     """Build a GPEN generator, load its weights with strict=True and return it in eval mode.
 
@@ -28,6 +29,8 @@ def load_model(
         device: where the module lives.
         dtype: None keeps fp32; bf16/fp16 goes through `gpen_tune.tune.amp.cast_model` (fp32 islands kept).
         key: sub-dict of the checkpoint to use (e.g. "g_ema" for train_simple.py checkpoints).
+        download: for a registry name whose file is not cached, download it (verified, sha256-pinned) instead of
+            raising WeightsNotFoundError. Off by default: loading never touches the network unless asked.
     Returns:
         FullGenerator with `.weights_source` set to "synthetic" or the resolved file path.
     """
@@ -38,7 +41,7 @@ def load_model(
         sd = synthetic_state_dict(cfg)
         source = SYNTHETIC
     else:
-        path = resolve_weights(weights)
+        path = resolve_weights(weights, download=download)
         sd = read_state_dict(path, key=key)
         check_state_dict(sd, cfg, source=str(path))
         source = str(path)
@@ -54,13 +57,17 @@ def load_model(
     return net
 
 
-def resolve_weights(weights: str | Path) -> Path:
-    """A path as given, or the cached file of a registry name; a missing cached file names where to put it."""
+def resolve_weights(weights: str | Path, download: bool = False) -> Path:
+    """A path as given, or the verified cached file of a registry name (see `gpen_tune.weights.registry`).
+
+    A registry name whose file is missing raises WeightsNotFoundError naming the URL and the exact path to put
+    the file at, unless `download` is set; a cached file whose sha256 differs from its pin is refused.
+    """
     from gpen_tune.model.configs import MODELS
 
     name = str(weights)
     if name in MODELS:
-        from gpen_tune.weights.cache import cached_file_or_error
+        from gpen_tune.weights.registry import ensure_weights
 
-        return cached_file_or_error(name)
+        return ensure_weights(name, download=download)
     return Path(weights).expanduser()

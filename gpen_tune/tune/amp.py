@@ -4,29 +4,121 @@ What changes: every conv weight and the activations run in bf16/fp16 (half the b
 What stays fp32: the mapping network and `final_linear` (the style path), the per-layer styles and demodulation
 coefficients (a sum of cin*k*k squares overflows fp16), the RGB skip accumulation (ToRGB returns fp32).
 Inputs are converted once at the model's entry, outputs are fp32. Not autocast: autocast re-casts weights on
-every call and GPEN's fp32 biases promote activations back to fp32 (see measured.md: 3-5x slower).
+every call and GPEN's fp32 biases promote activations back to fp32 (measured.md: 3-5x slower, more memory).
+Why it helps: half the bytes per activation (the network is memory-bound) and tensor-core convolutions.
+Tolerance: >= 40 dB PSNR vs fp32 on the same faces (measured.md, synthetic weights: fp16 64 dB, bf16 50 dB; fp16
+keeps 3 more mantissa bits, bf16 has fp32's exponent range and cannot overflow).
+Fallback: the restorer checks every output; a non-finite value (fp16 overflow in a conv output) re-runs that batch
+in fp32 with the original weights (kept as a host copy by `Fp32Reserve`, moved to the device only when needed)
+and records it. No conv clamp (NVlabs' conv_clamp=256): the fp32 re-run is exact where a clamp changes pixels.
 """
 
 from __future__ import annotations
 
+import copy
+from functools import cache
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from gpen_tune.model.layers import EqualLinear, ToRGB
+from gpen_tune.tune.options import TuneConfig
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": torch.float32}
 
 
-def cast_model(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """Cast in place every parameter except EqualLinear's and ToRGB biases to `dtype`; returns the model."""
+def fp32_islands(model: nn.Module) -> set[int]:
+    """ids of the parameters that stay fp32: every EqualLinear (style path) and the ToRGB biases (skip path)."""
     keep: set[int] = set()
     for mod in model.modules():
         if isinstance(mod, EqualLinear):
             keep.update(id(p) for p in mod.parameters(recurse=False))
         if isinstance(mod, ToRGB):
             keep.add(id(mod.bias))
+    return keep
+
+
+def cast_model(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Cast in place every parameter except EqualLinear's and ToRGB biases to `dtype`; returns the model."""
+    keep = fp32_islands(model)
     for mod in model.modules():
         for p in list(mod.parameters(recurse=False)):
             if id(p) not in keep and p.dtype != dtype:
                 p.data = p.data.to(dtype)
     return model
+
+
+@cache
+def _half_convs_work(device_type: str, device_index: int | None, dtype: torch.dtype) -> str | None:
+    """Run the ops the generator needs once in `dtype` on the device; the error text when they are missing."""
+    device = torch.device(device_type, device_index) if device_index is not None else torch.device(device_type)
+    try:
+        x = torch.randn(1, 4, 6, 6, device=device, dtype=dtype)
+        w = torch.randn(4, 4, 3, 3, device=device, dtype=dtype)
+        F.conv2d(x, w, padding=1)
+        F.conv_transpose2d(x, w, stride=2)
+        F.conv2d(x, w[:, :1], groups=4)
+        F.leaky_relu(x, 0.2)
+    except (RuntimeError, NotImplementedError) as e:
+        return (str(e).splitlines() or [type(e).__name__])[0][:200]
+    return None
+
+
+def is_supported(device: str | torch.device, cfg: TuneConfig) -> str | None:
+    if cfg.amp == "off":
+        return None
+    device = torch.device(device)
+    dtype = AMP_DTYPES[cfg.amp]
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return "CUDA is not available"
+        if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+            name = torch.cuda.get_device_name(device)
+            return f"{name} has no bf16 support (needs compute capability 8.0+); use --amp fp16"
+    problem = _half_convs_work(device.type, device.index, dtype)
+    if problem:
+        return f"{cfg.amp} convolutions do not run on {device}: {problem}"
+    return None
+
+
+class Fp32Reserve:
+    """The fp32 weights of the parameters `cast_model` is about to cast, kept on the host for the NaN fallback.
+
+    `fp32_model(cast)` builds (once) a copy of the cast model with the original fp32 weights on its device.
+    A model that was already cast before (load_model(dtype=...)) has no fp32 originals: the fallback then
+    up-casts the half weights (still fixes overflow; the weights keep their half-precision rounding).
+    """
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype):
+        keep = fp32_islands(model)
+        self.saved = {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters()
+                      if p.dtype == torch.float32 and id(p) not in keep}
+        self.exact = True
+        self._model: nn.Module | None = None
+
+    @classmethod
+    def upcast_only(cls) -> Fp32Reserve:
+        reserve = cls.__new__(cls)
+        reserve.saved, reserve.exact, reserve._model = {}, False, None
+        return reserve
+
+    def fp32_model(self, cast: nn.Module) -> nn.Module:
+        if self._model is None:
+            fp32 = copy.deepcopy(cast)  # same structure and flags (release_features), half weights replaced next
+            for name, p in fp32.named_parameters():
+                original = self.saved.get(name)
+                p.data = original.to(p.device) if original is not None else p.data.float()
+            self._model = fp32
+        return self._model
+
+
+def apply(model: nn.Module, cfg: TuneConfig) -> tuple[nn.Module, Fp32Reserve | None]:
+    """Cast `model` in place to cfg.amp's dtype; returns it and the fp32 reserve for the NaN fallback."""
+    dtype = AMP_DTYPES[cfg.amp]
+    if dtype == torch.float32:
+        return model, None
+    reserve = Fp32Reserve(model, dtype)
+    if not reserve.saved:
+        reserve = Fp32Reserve.upcast_only()
+    return cast_model(model, dtype), reserve

@@ -27,12 +27,10 @@ class WeightsNotFoundError(FileNotFoundError):
 def cached_file_or_error(name: str) -> Path:
     """The cached file of registry model `name`, or an error naming the file, its URL and where to put it."""
     from gpen_tune.model.configs import model_info
+    from gpen_tune.weights.registry import missing_message
 
     info = model_info(name)
     path = cached_file(info.filename)
     if not path.is_file():
-        raise WeightsNotFoundError(
-            f"{info.filename} is not in the cache: run `gpen-tune weights download {name}` or download "
-            f"{info.urls[0]} yourself and put it at {path} (or pass --weights PATH)"
-        )
+        raise WeightsNotFoundError(missing_message(info, "is not in the cache"))
     return path

@@ -37,6 +37,9 @@ def read_state_dict(path: str | Path, key: str | None = None) -> dict[str, torch
         raise CheckpointError(f"{path}: is a directory, expected a .pth checkpoint file")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: empty file (0 bytes); delete it and download again")
+    kind = _sniff(path)
+    if kind is not None:
+        raise CheckpointError(f"{path}: not a PyTorch checkpoint (looks like {kind}); expected a GPEN .pth file")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except zipfile.BadZipFile as e:
@@ -48,13 +51,17 @@ def read_state_dict(path: str | Path, key: str | None = None) -> dict[str, torch
                 from None
         raise CheckpointError(f"{path}: not a loadable PyTorch checkpoint ({msg})") from None
     except Exception as e:  # pickle.UnpicklingError for unsafe globals and non-checkpoint bytes, EOFError, ...
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if "weights_only" in str(e) or "Unsupported global" in str(e):
+        text = str(e)
+        detail = _detail_line(text) or type(e).__name__
+        if "GLOBAL" in text or "Unsupported global" in text:
             raise CheckpointError(
-                f"{path}: refused, the file wants to run code or build objects on load ({first[:160]}); "
-                "only plain tensor checkpoints are accepted"
+                f"{path}: refused, the file wants to run code or build objects on load ({detail[:160]}); "
+                "nothing was executed; only plain tensor checkpoints are accepted"
             ) from None
-        raise CheckpointError(f"{path}: not a PyTorch checkpoint ({type(e).__name__}: {first[:160]})") from None
+        if isinstance(e, EOFError):
+            raise CheckpointError(f"{path}: truncated checkpoint (ends early); delete it and download again") \
+                from None
+        raise CheckpointError(f"{path}: not a loadable PyTorch checkpoint ({detail[:160]})") from None
     if key is not None:
         if not isinstance(obj, Mapping) or key not in obj:
             raise CheckpointError(f"{path}: has no entry {key!r}")
@@ -72,27 +79,87 @@ def read_state_dict(path: str | Path, key: str | None = None) -> dict[str, torch
     return sd
 
 
+_MAGIC = {
+    b"\xff\xd8\xff": "a JPEG image", b"\x89PNG": "a PNG image", b"GIF8": "a GIF image", b"%PDF": "a PDF",
+    b"\x1f\x8b": "a gzip archive", b"<": "an HTML/XML page (an error page from the server?)",
+}
+
+
+def _sniff(path: Path) -> str | None:
+    """Name the format of a file that is clearly no torch checkpoint (zip 'PK' or pickle 0x80), else None."""
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if head.startswith(b"PK") or head.startswith(b"\x80"):
+        return None
+    stripped = head.lstrip()
+    for magic, kind in _MAGIC.items():
+        if stripped.startswith(magic):
+            return kind
+    if len(head) >= 9 and head[8:9] == b"{":
+        return "a safetensors file (not supported: use the official .pth)"
+    return None
+
+
+def _detail_line(text: str) -> str:
+    """The informative line of torch's long weights_only error (the unsupported global / operand)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in lines:
+        if "GLOBAL" in ln or "Unsupported" in ln:
+            return ln
+    return lines[0] if lines else ""
+
+
 def check_state_dict(sd: Mapping[str, torch.Tensor], cfg: GPENConfig, source: str = "checkpoint") -> None:
-    """Raise CheckpointError listing missing, unexpected and wrongly shaped keys for `cfg`."""
+    """Raise CheckpointError listing missing, unexpected and wrongly shaped keys for `cfg`.
+
+    Missing/unexpected keys are listed per module (`generator.convs.12.*`, `ecd7.*`) so that a wrong-size file
+    is recognisable at a glance; the message also names the registry model the file does match, if any.
+    """
     want = expected_shapes(cfg)
     missing = [k for k in want if k not in sd]
     unexpected = [k for k in sd if k not in want]
     wrong = [f"{k} {tuple(sd[k].shape)}!={want[k]}" for k in want if k in sd and tuple(sd[k].shape) != want[k]]
     if missing or unexpected or wrong:
-        def show(items: list[str]) -> str:
-            return ", ".join(items[:6]) + (f" (+{len(items) - 6} more)" if len(items) > 6 else "")
+        def show(items: list[str], limit: int = 6) -> str:
+            return ", ".join(items[:limit]) + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
 
         parts = []
         if missing:
-            parts.append(f"{len(missing)} missing keys: {show(missing)}")
+            parts.append(f"{len(missing)} missing keys: {show(_group_keys(missing), 8)}")
         if unexpected:
-            parts.append(f"{len(unexpected)} unexpected keys: {show(unexpected)}")
+            parts.append(f"{len(unexpected)} unexpected keys: {show(_group_keys(unexpected), 8)}")
         if wrong:
-            parts.append(f"{len(wrong)} wrong shapes: {show(wrong)}")
+            parts.append(f"{len(wrong)} wrong shapes: {show(wrong, 3)}")
         raise CheckpointError(
             f"{source}: does not match GPEN size {cfg.size} (channel_multiplier {cfg.channel_multiplier}, "
-            f"narrow {cfg.narrow}): " + "; ".join(parts) + ". Is it the right model (--model)?"
+            f"narrow {cfg.narrow:g}): " + "; ".join(parts) + ". " + _which_model_hint(sd)
         )
+
+
+def _group_keys(keys: list[str]) -> list[str]:
+    """Collapse keys to their module: 'generator.convs.12.*', 'ecd7.*'; a lone key stays as it is."""
+    groups: dict[str, list[str]] = {}
+    for k in keys:
+        parts = k.split(".")
+        if parts[0] == "generator" and len(parts) > 3 and parts[1] in ("convs", "to_rgbs", "style"):
+            g = ".".join(parts[:3])
+        elif parts[0].startswith("ecd") or len(parts) < 3:
+            g = parts[0]
+        else:
+            g = ".".join(parts[:2])
+        groups.setdefault(g, []).append(k)
+    return [members[0] if len(members) == 1 else f"{g}.*" for g, members in groups.items()]
+
+
+def _which_model_hint(sd: Mapping[str, torch.Tensor]) -> str:
+    from gpen_tune.weights.registry import match_model
+
+    found = match_model(dict(sd))
+    if found is None:
+        return "Is it the right model (--model)?"
+    name = found[0]
+    return f"It looks like {name}: pass --model {name}." if not name.startswith("custom") else \
+        f"It looks like a {name}: pass that GPENConfig."
 
 
 def synthetic_state_dict(cfg: GPENConfig, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -1,0 +1,436 @@
+"""End-to-end folder throughput: the serial driver and the pipelined runner on the same folder, in the same run.
+
+Builds a folder of real photos from the bundled test images (scikit-image's astronaut, matplotlib's Grace Hopper):
+  copy      the photo as a JPEG (1 face, 512 px)
+  crop      one tile of a mosaic (1 face, ~550 px)
+  upscale   a photo or a mosaic upscaled x2..x3 (1 or 6 faces, 1280..3300 px: exercises the paste on big frames)
+  mosaic    4, 6, 9, 12 or 16 faces at different scales and rotations on one canvas (1100..2200 px)
+and repeats them (file copies) up to --images. Then, for the serial path (`enhance_paths`, what `enhance --serial`
+runs) and for the pipeline (`gpen_tune.throughput`), it measures wall time, images/s, faces/s, the GPU busy
+fraction (sum of CUDA-event-timed generator calls / wall; also NVML utilisation when pynvml is there), peak GPU
+memory (allocated and reserved), peak host RSS, and the pipeline's per-stage timings, and compares the outputs.
+
+    # GPU (the lead's run; ~3-5 minutes on an H200 including compile warm-up):
+    python benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 480 --batch 32 --out benchmarks/results
+    # CPU, tiny (tests and a smoke check here):
+    python benchmarks/throughput.py --tiny --out /tmp/tp
+
+Writes one JSON file to --out (default benchmarks/results/) and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpen_tune.face import samples  # noqa: E402
+from gpen_tune.face.pipeline import Enhancer, EnhanceSettings  # noqa: E402
+from gpen_tune.model.load import load_model  # noqa: E402
+from gpen_tune.throughput import enhance_folder  # noqa: E402
+from gpen_tune.throughput.restorer import FixedBatch  # noqa: E402
+
+TARGETS = {"faces_per_s": 300.0, "speedup_vs_serial": 3.0, "gpu_busy": 0.80}
+
+
+# ---------------------------------------------------------------------------------------------------- inputs
+
+
+def _jpeg(path: Path, rgb: np.ndarray) -> None:
+    cv2.imwrite(str(path), np.ascontiguousarray(rgb[..., ::-1]), [cv2.IMWRITE_JPEG_QUALITY, 95])
+
+
+def _upscale(rgb: np.ndarray, k: float) -> np.ndarray:
+    return cv2.resize(rgb, None, fx=k, fy=k, interpolation=cv2.INTER_CUBIC)
+
+
+def unique_images(tiny: bool) -> list[tuple[str, str, np.ndarray]]:
+    """(kind, name, RGB) of the distinct photos the folder is made of."""
+    astro, grace = samples.astronaut(), samples.grace_hopper()
+    m4, tiles4 = samples.mosaic_with_tiles(4, 0)
+    if tiny:
+        x0, y0, x1, y1 = tiles4[1]
+        return [("copy", "astronaut", astro), ("copy", "grace_hopper", grace), ("mosaic", "mosaic4_s0", m4),
+                ("crop", "tile1_of_mosaic4", m4[y0:y1, x0:x1])]
+    out = [("copy", "astronaut", astro), ("copy", "grace_hopper", grace)]
+    for i, (x0, y0, x1, y1) in enumerate(tiles4):
+        out.append(("crop", f"tile{i}_of_mosaic4", m4[y0:y1, x0:x1]))
+    out += [("upscale", "astronaut_x3", _upscale(astro, 3.0)), ("upscale", "grace_hopper_x2.5", _upscale(grace, 2.5)),
+            ("upscale", "mosaic6_x1.5", _upscale(samples.mosaic(6, 1), 1.5))]
+    for n, seed in ((4, 2), (6, 3), (9, 4), (12, 5), (16, 6), (9, 7), (6, 8)):
+        out.append(("mosaic", f"mosaic{n}_s{seed}", samples.mosaic(n, seed)))
+    return out
+
+
+def build_folder(folder: Path, n_images: int, tiny: bool) -> dict:
+    """Write the distinct photos once and copy them round-robin up to n_images; returns the composition."""
+    folder.mkdir(parents=True, exist_ok=True)
+    uniq = unique_images(tiny)
+    files = []
+    for kind, name, rgb in uniq:
+        p = folder / f"_src_{name}.jpg"
+        _jpeg(p, rgb)
+        files.append((kind, name, p, rgb.shape[1], rgb.shape[0]))
+    kinds: dict[str, int] = {}
+    for i in range(n_images):
+        kind, name, p, _, _ = files[i % len(files)]
+        shutil.copyfile(p, folder / f"{i:05d}_{kind}_{name}.jpg")
+        kinds[kind] = kinds.get(kind, 0) + 1
+    for _, _, p, _, _ in files:
+        p.unlink()
+    return {
+        "images": n_images,
+        "per_kind": kinds,
+        "distinct": [{"kind": k, "name": n, "width": w, "height": h} for k, n, _, w, h in files],
+        "sources": "scikit-image data.astronaut() and matplotlib grace_hopper.jpg; copies, mosaic tiles (crops), "
+                   "x1.5-x3 upscales, mosaics of 4-16 faces (gpen_tune.face.samples); JPEG q95",
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- meters
+
+
+class BusyMeter:
+    """Wraps the restore callable: CUDA events around every generator call (evaluated after the run)."""
+
+    def __init__(self, restore):
+        self.restore = restore
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self.cpu_s = 0.0
+        self.calls = 0
+
+    @property
+    def max_batch(self):
+        return getattr(self.restore, "max_batch", None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if x.device.type != "cuda":
+            t = time.perf_counter()
+            y = self.restore(x)
+            self.cpu_s += time.perf_counter() - t
+            return y
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        y = self.restore(x)
+        end.record()
+        self.events.append((start, end))
+        return y
+
+    def reset(self) -> None:
+        self.events, self.cpu_s, self.calls = [], 0.0, 0
+
+    def seconds(self) -> float:
+        if self.events:
+            torch.cuda.synchronize()
+        return self.cpu_s + sum(s.elapsed_time(e) for s, e in self.events) / 1000.0
+
+
+class Sampler:
+    """Background sampling of host RSS (and NVML GPU utilisation when pynvml is importable)."""
+
+    def __init__(self, device: torch.device, period: float = 0.05):
+        self.period = period
+        self.rss_peak = 0
+        self.util: list[float] = []
+        self._stop = threading.Event()
+        self._nvml = None
+        if device.type == "cuda":
+            try:
+                import pynvml
+
+                pynvml.nvmlInit()
+                idx = device.index if device.index is not None else torch.cuda.current_device()
+                self._nvml = (pynvml, pynvml.nvmlDeviceGetHandleByIndex(idx))
+            except Exception:  # noqa: BLE001 - NVML is optional
+                self._nvml = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        while not self._stop.is_set():
+            try:
+                with open("/proc/self/statm") as f:
+                    self.rss_peak = max(self.rss_peak, int(f.read().split()[1]) * page)
+            except OSError:
+                pass
+            if self._nvml is not None:
+                nv, h = self._nvml
+                self.util.append(nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0)
+            self._stop.wait(self.period)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+# ---------------------------------------------------------------------------------------------------- runs
+
+
+def measure(name: str, run, meter: BusyMeter, device: torch.device) -> dict:
+    """Run one path and return its numbers."""
+    meter.reset()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    with Sampler(device) as sampler:
+        t0 = time.perf_counter()
+        summary = run()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    gen = meter.seconds()
+    faces = summary.faces
+    out = {
+        "path": name,
+        "wall_s": round(wall, 3),
+        "images_ok": summary.ok,
+        "images_failed": summary.failed,
+        "faces": faces,
+        "images_per_s": round(summary.ok / wall, 2),
+        "faces_per_s": round(faces / wall, 2),
+        "generator_s": round(gen, 3),
+        "generator_calls": meter.calls,
+        "gpu_busy": round(gen / wall, 3) if device.type == "cuda" else None,
+        "nvml_util_mean": round(float(np.mean(sampler.util)), 3) if sampler.util else None,
+        "peak_host_rss_mib": round(sampler.rss_peak / 2**20, 1),
+        "stages": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in summary.stages.items()},
+    }
+    if device.type == "cuda":
+        out["peak_gpu_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+        out["peak_gpu_reserved_mib"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
+    return out, summary
+
+
+def limiting_stage(res: dict) -> dict:
+    """Busy fraction of each pipeline stage over the wall time: the highest one limits."""
+    st, wall = res["stages"], res["wall_s"]
+    workers = st.get("workers", 1)
+    share = {
+        "prepare (decode+detect+align), per worker": st.get("prepare_s", 0.0) / (workers * wall),
+        "generator (GPU)": res["generator_s"] / wall,
+        "finish (paste+encode+write), per worker": st.get("finish_s", 0.0) / (workers * wall),
+        "gpu stage waiting for prepared faces": st.get("gpu_wait_input_s", 0.0) / wall,
+        "gpu stage blocked by finish queue": st.get("gpu_wait_output_s", 0.0) / wall,
+    }
+    busy = {k: v for k, v in share.items() if not k.startswith("gpu stage")}
+    return {"busy_fraction": {k: round(v, 3) for k, v in share.items()}, "limiting": max(busy, key=busy.get)}
+
+
+def compare_outputs(a: list, b: list, limit: int = 40) -> dict:
+    """Max / mean absolute difference of decoded outputs, serial vs pipeline (first `limit` pairs)."""
+    diffs = []
+    for ra, rb in list(zip(a, b, strict=True))[:limit]:
+        if ra.output is None or rb.output is None:
+            continue
+        x, y = cv2.imread(str(ra.output)), cv2.imread(str(rb.output))
+        if x is None or y is None or x.shape != y.shape:
+            diffs.append((255, 255.0))
+            continue
+        d = np.abs(x.astype(np.int16) - y.astype(np.int16))
+        diffs.append((int(d.max()), float(d.mean())))
+    if not diffs:
+        return {"compared": 0}
+    return {"compared": len(diffs), "max_abs": max(m for m, _ in diffs),
+            "mean_abs": round(float(np.mean([m for _, m in diffs])), 4)}
+
+
+def environment(device: torch.device) -> dict:
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "opencv": cv2.__version__,
+        "numpy": np.__version__,
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "device": str(device),
+    }
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+        env["gpu_memory_gib"] = round(torch.cuda.get_device_properties(device).total_memory / 2**30, 1)
+    try:
+        env["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                           timeout=5).stdout.strip() or None
+    except Exception:  # noqa: BLE001
+        env["git_commit"] = None
+    from gpen_tune import __version__
+
+    env["gpen_tune"] = __version__
+    return env
+
+
+def build_restore(model, preset: str, device: torch.device):
+    """The generator callable: the tune part's build_restorer for a preset ('none' = plain fp32 eager)."""
+    if preset == "none":
+        return model, {"preset": "none"}
+    from dataclasses import asdict
+
+    from gpen_tune.tune import PRESETS, build_restorer
+
+    restorer = build_restorer(model, PRESETS[preset], device)
+    return restorer, {"preset": preset, "requested": asdict(restorer.cfg), "effective": asdict(restorer.effective),
+                      "fallbacks": restorer.fallbacks}
+
+
+# ---------------------------------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke mode: GPEN-BFR-256 synthetic, 4 images")
+    ap.add_argument("--model", default="GPEN-BFR-512")
+    ap.add_argument("--weights", default="synthetic", help="synthetic (timing does not depend on weights) or a path")
+    ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
+    ap.add_argument("--preset", default="speed", help="tune preset (speed | balanced | low-memory) or none")
+    ap.add_argument("--images", type=int, default=None, help="folder size (default 480 on CUDA, 4 with --tiny)")
+    ap.add_argument("--batch", type=int, default=None, help="faces per generator call (default 32 on CUDA, else 4)")
+    ap.add_argument("--workers", type=int, default=None, help="threads per CPU stage (default: half the cores)")
+    ap.add_argument("--max-wait-ms", type=float, default=5.0)
+    ap.add_argument("--paste", default="auto", choices=("auto", "cpu", "gpu"))
+    ap.add_argument("--detect-batch", type=int, default=1, help="images per detector call in a prepare worker")
+    ap.add_argument("--detector", default="mtcnn", help="mtcnn works offline; retinaface needs cached weights")
+    ap.add_argument("--det-size", type=int, default=1024, help="long side the detector sees (0 = native)")
+    ap.add_argument("--skip-serial", action="store_true")
+    ap.add_argument("--workdir", type=Path, default=None, help="where the folders go (default: a temp dir)")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = ap.parse_args(argv)
+
+    if args.tiny:
+        args.model, args.weights = "GPEN-BFR-256", "synthetic"
+        args.device = "cpu" if args.device == "auto" else args.device
+        args.preset = "none" if args.preset == "speed" else args.preset
+        args.images = args.images or 4
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if args.device == "auto" else args.device))
+    args.images = args.images or (480 if device.type == "cuda" else 8)
+    batch = args.batch or (32 if device.type == "cuda" else 4)
+    command = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
+    t_start = time.perf_counter()
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="gpen-throughput-"))
+    folder = work / "in"
+    print(f"building {args.images} images in {folder} ...", flush=True)
+    t = time.perf_counter()
+    composition = build_folder(folder, args.images, args.tiny)
+    composition["build_s"] = round(time.perf_counter() - t, 2)
+
+    torch.backends.cudnn.benchmark = False
+    model = load_model(args.weights, model=args.model, device=device)
+    restore, tune_info = build_restore(model, args.preset, device)
+    compiled_or_graphed = tune_info.get("effective", {}).get("compile") or tune_info.get("effective", {}).get(
+        "cuda_graph")
+    restore_fn = FixedBatch(restore, batch) if compiled_or_graphed else restore   # one input shape: one compile
+    meter = BusyMeter(restore_fn)
+    settings = EnhanceSettings(model=args.model, weights=args.weights, detector=args.detector, device=device.type,
+                               batch_size=batch, det_size=args.det_size or None)
+    inner = getattr(restore, "model", None)
+    enhancer = Enhancer(settings, model=inner if inner is not None else model, restore=meter)
+
+    # warm-up: compile / graph capture / cuDNN / detector, on a few images through both paths (not timed below)
+    print("warming up ...", flush=True)
+    t = time.perf_counter()
+    warm_in = sorted(folder.iterdir())[: 1 if args.tiny else 8]
+    with torch.inference_mode():
+        restore_fn(torch.zeros(batch, 3, enhancer.size, enhancer.size, device=device, dtype=enhancer.dtype))
+    enhance_folder(warm_in, work / "warm_serial", enhancer=enhancer, serial=True)
+    enhance_folder(warm_in, work / "warm_pipe", enhancer=enhancer, workers=args.workers, max_batch=batch,
+                   paste=args.paste, detect_batch=args.detect_batch, bucket_batches=not compiled_or_graphed)
+    warmup_s = time.perf_counter() - t
+
+    runs = {}
+    summaries = {}
+    if not args.skip_serial:
+        print("serial path ...", flush=True)
+        runs["serial"], summaries["serial"] = measure(
+            "serial", lambda: enhance_folder(folder, work / "out_serial", enhancer=enhancer, serial=True), meter,
+            device)
+    print("pipeline ...", flush=True)
+    runs["pipeline"], summaries["pipeline"] = measure(
+        "pipeline", lambda: enhance_folder(folder, work / "out_pipeline", enhancer=enhancer, workers=args.workers,
+                                           max_batch=batch, max_wait_ms=args.max_wait_ms, paste=args.paste,
+                                           detect_batch=args.detect_batch,
+                                           bucket_batches=not compiled_or_graphed), meter, device)
+    pipe = runs["pipeline"]
+    pipe["stage_analysis"] = limiting_stage(pipe)
+
+    result = {
+        "benchmark": "throughput",
+        "command": command,
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "environment": environment(device),
+        "model": args.model,
+        "weights": args.weights,
+        "tune": tune_info,
+        "settings": {"batch": batch, "fixed_batch_padding": bool(compiled_or_graphed), "workers": args.workers,
+                     "max_wait_ms": args.max_wait_ms, "paste": args.paste, "detect_batch": args.detect_batch,
+                     "detector": enhancer.detector.name,
+                     "det_size": settings.det_size, "max_inflight": pipe["stages"].get("max_inflight")},
+        "folder": composition,
+        "warmup_s": round(warmup_s, 2),
+        "runs": runs,
+    }
+    if "serial" in runs:
+        ser = runs["serial"]
+        result["speedup_vs_serial"] = round(ser["wall_s"] / pipe["wall_s"], 2) if ser["faces"] == pipe["faces"] \
+            else round(pipe["faces_per_s"] / max(ser["faces_per_s"], 1e-9), 2)
+        result["outputs_vs_serial"] = compare_outputs(summaries["serial"].results, summaries["pipeline"].results)
+    if device.type == "cuda" and args.model == "GPEN-BFR-512":
+        result["targets"] = {
+            "faces_per_s": {"target": TARGETS["faces_per_s"], "got": pipe["faces_per_s"],
+                            "met": pipe["faces_per_s"] >= TARGETS["faces_per_s"]},
+            "speedup_vs_serial": {"target": TARGETS["speedup_vs_serial"], "got": result.get("speedup_vs_serial"),
+                                  "met": (result.get("speedup_vs_serial") or 0) >= TARGETS["speedup_vs_serial"]},
+            "gpu_busy": {"target": TARGETS["gpu_busy"], "got": pipe["gpu_busy"],
+                         "met": (pipe["gpu_busy"] or 0) >= TARGETS["gpu_busy"]},
+        }
+    result["total_s"] = round(time.perf_counter() - t_start, 1)
+    enhancer.close()
+    if args.workdir is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    tag = result["environment"].get("gpu", device.type).replace(" ", "-")
+    path = args.out / f"{time.strftime('%Y%m%d-%H%M%S')}_throughput_{tag}_{args.model}.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(table(result))
+    print(f"wrote {path}")
+    return 0
+
+
+def table(result: dict) -> str:
+    rows = ["| path | images/s | faces/s | wall s | GPU busy | peak GPU alloc MiB | peak RSS MiB |",
+            "|---|---|---|---|---|---|---|"]
+    for name, r in result["runs"].items():
+        busy = "-" if r["gpu_busy"] is None else f"{r['gpu_busy']:.0%}"
+        rows.append(f"| {name} | {r['images_per_s']} | {r['faces_per_s']} | {r['wall_s']} | {busy} | "
+                    f"{r.get('peak_gpu_allocated_mib', '-')} | {r['peak_host_rss_mib']} |")
+    extra = [f"speedup vs serial: {result.get('speedup_vs_serial')}",
+             f"pipeline limited by: {result['runs']['pipeline']['stage_analysis']['limiting']}",
+             f"outputs vs serial: {result.get('outputs_vs_serial')}"]
+    return "\n".join(rows + extra)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""Bench result -> JSON file, markdown table and PNG plot (matplotlib, Agg), each written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+
+def _atomic_write(path: Path, write) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def stem(result: dict) -> str:
+    meta = result["meta"]
+    dev = re.sub(r"[^A-Za-z0-9]+", "-", meta.get("device_name", meta["device_type"])).strip("-").lower()
+    return f"bench-{meta['model']}-{dev}"[:120]
+
+
+def _num(v, fmt: str = "{:.2f}", none: str = "-") -> str:
+    return none if v is None else fmt.format(v)
+
+
+def _mem(row: dict, bs: str | None) -> tuple[str, str]:
+    b = row["per_batch"].get(bs) if bs else None
+    if b and b["peak_allocated_mib"] is None and bs == "1" and row.get("traced_activation_peak_mib_bs1"):
+        return f"{row['traced_activation_peak_mib_bs1']:,.1f} (activations, traced)", "-"
+    if not b or b["peak_allocated_mib"] is None:
+        return "-", "-"
+    return f"{b['peak_allocated_mib']:,.0f}", f"{b['peak_reserved_mib']:,.0f}"
+
+
+def _stability(row: dict, bs: str) -> str:
+    b = row["per_batch"].get(bs)
+    if not b:
+        return "-"
+    return f"{b['rel_iqr'] * 100:.1f}% / {b['max_abs_vs_bs1']:.1e}"
+
+
+def _quality(row: dict) -> tuple[str, str]:
+    if "max_abs" not in row:
+        return "-", "-"
+    if row["max_abs"] == 0:
+        return "identical", "0"
+    return _num(row.get("psnr_db"), "{:.1f}", "identical"), f"{row['max_abs']:.1e}"
+
+
+def _detector(row: dict) -> str:
+    d = row.get("detector_memory")
+    if not d:
+        return "-"
+    if "reason" in d:
+        return "n/a"
+    return f"{d['restore_peak_allocated_mib']:,.0f}" + (" (released)" if d["released"] else " (resident)")
+
+
+def markdown_table(result: dict) -> str:
+    """The README table: one line per row; skipped rows say why."""
+    meta = result["meta"]
+    lines = [
+        f"**{meta['model']}** on {meta.get('device_name', meta['device_type'])}, torch {meta['torch']}"
+        f"{' / CUDA ' + meta['cuda'] if meta.get('cuda') and meta['device_type'] == 'cuda' else ''}, "
+        f"{meta['faces']} real face crops ({meta['inputs']}), {meta['date']}.",
+        "",
+        "| row | ms/face bs1 | faces/s (best bs) | peak alloc MiB bs1 / best | peak reserved MiB bs1 / best "
+        "| bs4 rel IQR / max-abs vs bs1 | bs16 rel IQR / max-abs vs bs1 | PSNR dB vs fp32 | max-abs vs fp32 "
+        "| warm-up s | restore peak with detector MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        if row["status"] != "ok":
+            lines.append(f"| {row['label']} | {row['status']}: {row['reason']} |  |  |  |  |  |  |  |  |  |")
+            continue
+        best = str(row["best_batch"])
+        a1, r1 = _mem(row, "1")
+        ab, rb = _mem(row, best)
+        q, m = _quality(row)
+        notes = " ⚠ " + "; ".join(row["fallbacks"]) if row["fallbacks"] else ""
+        lines.append(
+            f"| {row['label']}{notes} | {_num(row['ms_per_face_bs1'])} | {row['best_faces_per_s']:.1f} (bs {best}) "
+            f"| {a1} / {ab} | {r1} / {rb} | {_stability(row, '4')} | {_stability(row, '16')} | {q} | {m} "
+            f"| {row['warmup_s_total']:.1f} | {_detector(row)} |")
+    lines += ["", f"Command: `{meta['command']}`", ""]
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    """Three panels per measured row: ms/face at bs1, best faces/s, peak allocated MiB at the best batch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if r["status"] == "ok"]
+    names = [r["name"] for r in rows]
+    panels = [
+        ("ms / face at batch 1 (lower is better)", [r["ms_per_face_bs1"] or 0 for r in rows]),
+        ("faces / s at the best batch (higher is better)", [r["best_faces_per_s"] for r in rows]),
+        ("peak allocated MiB at the best batch", [r["per_batch"][str(r["best_batch"])]["peak_allocated_mib"] or 0
+                                                  for r in rows]),
+    ]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 0.45 * max(len(rows), 3) + 1.8))
+    for ax, (title, values) in zip(axes, panels, strict=True):
+        ax.barh(names, values, color="#4878a8")
+        ax.invert_yaxis()
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="x", alpha=0.3)
+    meta = result["meta"]
+    fig.suptitle(f"gpen-tune bench: {meta['model']} on {meta.get('device_name', meta['device_type'])} "
+                 f"(torch {meta['torch']})", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)
+
+
+def write_outputs(result: dict, outdir: str | Path) -> dict[str, Path]:
+    """Write <stem>.json, <stem>.md and <stem>.png into outdir; returns the paths."""
+    outdir = Path(outdir)
+    base = stem(result)
+    paths = {"json": outdir / f"{base}.json", "md": outdir / f"{base}.md", "png": outdir / f"{base}.png"}
+    text = json.dumps(result, indent=1, allow_nan=False)
+    _atomic_write(paths["json"], lambda p: p.write_text(text + "\n"))
+    _atomic_write(paths["md"], lambda p: p.write_text(markdown_table(result)))
+    _atomic_write(paths["png"], lambda p: plot(result, p))
+    return paths

@@ -1,0 +1,54 @@
+"""The benchmark's rows: the fp32 default, the seeds' cumulative steps, each step alone (and optional extras)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from gpen_tune.tune.options import PRESETS, STEPS, TuneConfig
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str            # stable id used by --rows and in the JSON
+    label: str           # what the table shows
+    steps: tuple[str, ...]  # switch names that are on (TuneConfig field names)
+    cfg: TuneConfig
+
+
+def step_config(steps: tuple[str, ...], compile_mode: str, amp: str) -> TuneConfig:
+    values: dict[str, object] = {}
+    for step in steps:
+        values[step] = compile_mode if step == "compile" else amp if step == "amp" else True
+    return replace(TuneConfig(), **values)
+
+
+def all_rows(compile_mode: str = "default", amp: str = "bf16") -> list[Row]:
+    """Every row the bench knows, in table order."""
+    rows = [Row("default", "default (fp32 eager, all off)", (), TuneConfig())]
+    cumulative = [("1", 1), ("1+2", 2), ("1+2+3", 3), ("1-4", 4), ("1-6", 6)]
+    for name, n in cumulative:
+        steps = STEPS[:n]
+        rows.append(Row(name, f"{name}: " + " + ".join(steps), steps, step_config(steps, compile_mode, amp)))
+    for step in STEPS:
+        rows.append(Row(step, f"{step} alone", (step,), step_config((step,), compile_mode, amp)))
+    other_amp = "fp16" if amp == "bf16" else "bf16"
+    rows.append(Row(f"amp_{other_amp}", f"amp={other_amp} alone", ("amp",), TuneConfig(amp=other_amp)))
+    rows.append(Row("fused", "fused kernels alone", ("fused",), TuneConfig(fused=True)))
+    for preset, cfg in PRESETS.items():
+        rows.append(Row(f"preset:{preset}", f"preset {preset}", tuple(cfg.enabled()), cfg))
+    return rows
+
+
+DEFAULT_ROWS: tuple[str, ...] = ("default", "1", "1+2", "1+2+3", "1-4", "1-6", *STEPS, "amp_fp16", "fused")
+
+
+def select_rows(names: list[str] | None, compile_mode: str = "default", amp: str = "bf16") -> list[Row]:
+    """Rows by id (None = DEFAULT_ROWS); unknown ids raise with the valid list."""
+    rows = {r.name: r for r in all_rows(compile_mode, amp)}
+    wanted = list(names) if names else [n for n in DEFAULT_ROWS if n in rows]
+    if not names and amp == "fp16":
+        wanted = [n if n != "amp_fp16" else "amp_bf16" for n in wanted]
+    unknown = [n for n in wanted if n not in rows]
+    if unknown:
+        raise ValueError(f"unknown bench rows {unknown}; choose from {', '.join(rows)}")
+    return [rows[n] for n in wanted]

@@ -1,0 +1,140 @@
+"""`gpen-tune bench`: time and memory of every optimization row on real face crops, vs the fp32 default."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpen_tune.cli import app
+from gpen_tune.cli._console import err, fail, out
+from gpen_tune.cli._options import (
+    AmpMode,
+    AmpOpt,
+    CheckpointOpt,
+    CompileMode,
+    CompileOpt,
+    CudaGraphOpt,
+    FaceCropOpt,
+    FusedOpt,
+    LazyDetectorOpt,
+    PresetOpt,
+    tune_config_from_options,
+)
+
+EXAMPLES = """
+Examples:\n
+  gpen-tune bench --model GPEN-BFR-512 --device cuda -o benchmarks/results\n
+  gpen-tune bench --model GPEN-BFR-256 --device cpu --rows default,amp,act_checkpoint --batch-sizes 1,2 -o out
+"""
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise typer.BadParameter(f"expected positive batch sizes, got {text!r}")
+    return values
+
+
+def _command_line(ctx: typer.Context) -> str:
+    """The command as given (options set on the command line, in declaration order), shell-quoted."""
+    parts = ["gpen-tune", "bench"]
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name)
+        if getattr(source, "name", None) != "COMMANDLINE":
+            continue
+        value = ctx.params[param.name]
+        long_opt = max(param.opts, key=len)
+        if getattr(param, "is_flag", False) and getattr(param, "secondary_opts", None):
+            parts.append(long_opt if value else max(param.secondary_opts, key=len))
+        else:
+            parts += [long_opt, str(getattr(value, "value", value))]
+    return shlex.join(parts)
+
+
+@app.command(epilog=EXAMPLES)
+def bench(
+    ctx: typer.Context,
+    output: Annotated[Path, typer.Option("-o", "--output", help="Folder for the JSON, markdown table and PNG plot.")],
+    model: Annotated[str, typer.Option("--model", help="GPEN-BFR-256 | GPEN-BFR-512 | GPEN-BFR-1024 | "
+                                       "GPEN-BFR-2048 (or 'tiny' for a smoke test).")] = "GPEN-BFR-512",
+    device: Annotated[str, typer.Option("--device", help="cuda, cuda:N or cpu. Default: cuda when available.")]
+    = "",
+    weights: Annotated[str, typer.Option("--weights", help="'synthetic' (deterministic random weights: timing "
+                                         "does not depend on them), a registry name or a .pth path.")]
+    = "synthetic",
+    inputs: Annotated[Path | None, typer.Option("--inputs", help="Folder of aligned face crops (resized to the "
+                                                "model size). Default: faces detected in the bundled photos.")]
+    = None,
+    batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="Comma-separated batch sizes.")] = "1,4,16,64",
+    rows: Annotated[str | None, typer.Option("--rows", help="Comma-separated row ids (default: default, 1, 1+2, "
+                                             "1+2+3, 1-4, 1-6, each step alone, the other amp dtype). Extra: "
+                                             "fused, preset:speed, preset:balanced, preset:low-memory.")] = None,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed calls per batch size (median).")] = 20,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed calls after the first one.")] = 3,
+    max_faces: Annotated[int, typer.Option("--max-faces", min=1, help="Use at most this many input faces.")] = 16,
+    compile_mode: Annotated[CompileMode, typer.Option("--compile-mode", help="Mode of the compile step's rows.")]
+    = CompileMode.default,
+    amp_dtype: Annotated[AmpMode, typer.Option("--amp-dtype", help="dtype of the amp step's rows (the other one "
+                                               "gets its own row).")] = AmpMode.bf16,
+    cudnn_benchmark: Annotated[bool, typer.Option("--cudnn-benchmark/--no-cudnn-benchmark",
+                                                  help="cuDNN algorithm search (upstream's detector turns it on).")]
+    = True,
+    max_minutes: Annotated[float | None, typer.Option("--max-minutes", help="Skip the rows left once this much "
+                                                      "time has passed (recorded in the results).")] = None,
+    preset: PresetOpt = None,
+    lazy_detector: LazyDetectorOpt = None,
+    compile: CompileOpt = None,
+    amp: AmpOpt = None,
+    checkpoint: CheckpointOpt = None,
+    face_crop: FaceCropOpt = None,
+    cuda_graph: CudaGraphOpt = None,
+    fused: FusedOpt = None,
+) -> None:
+    """Benchmark the generator with each optimization: ms/face, faces/s, peak memory, stability, PSNR vs fp32.
+
+    With --preset or any optimization flag, the table is the fp32 default plus that one configuration ("custom";
+    add --rows to measure it next to other rows).
+    """
+    import torch
+
+    from gpen_tune.bench import BenchSettings, run_bench, write_outputs
+    from gpen_tune.bench.inputs import InputError
+    from gpen_tune.tune import TuneConfig
+
+    if compile_mode == CompileMode.off:
+        raise fail("--compile-mode off: the compile rows need a mode; leave them out with --rows instead")
+    dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        raise fail(f"--device {dev}: CUDA is not available here (torch {torch.__version__}); use --device cpu")
+    if dev == "cpu" and not device:
+        err.print("[bold yellow]notice:[/] no CUDA device: benchmarking on the CPU (GPU-only rows are skipped)")
+    custom, custom_label = None, "custom"
+    switches = (lazy_detector, compile, amp, checkpoint, face_crop, cuda_graph, fused)
+    if preset is not None or any(v is not None for v in switches):
+        custom, line = tune_config_from_options(preset, *switches, device=dev, base=TuneConfig())
+        err.print(f"[bold]optimizations:[/] {line}", highlight=False)
+        custom_label = f"preset {preset.value}" if preset is not None else "custom"
+        custom_label += f": {custom.describe()}"
+    settings = BenchSettings(
+        model=model, weights=weights, device=dev, batch_sizes=_int_list(batch_sizes),
+        rows=[r.strip() for r in rows.split(",") if r.strip()] if rows else None, repeats=repeats, warmup=warmup,
+        inputs=str(inputs) if inputs is not None else None, max_faces=max_faces, compile_mode=compile_mode.value,
+        amp=amp_dtype.value, cudnn_benchmark=cudnn_benchmark, max_minutes=max_minutes, custom=custom,
+        custom_label=custom_label,
+        command=_command_line(ctx),
+    )
+    try:
+        result = run_bench(settings, log=lambda msg: err.print(msg, highlight=False))
+    except (InputError, ValueError, RuntimeError, FileNotFoundError) as e:
+        raise fail(str(e)) from None
+    paths = write_outputs(result, output)
+    from gpen_tune.bench.report import markdown_table
+
+    out.print(markdown_table(result), highlight=False, soft_wrap=True)
+    out.print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}", highlight=False)

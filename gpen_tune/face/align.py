@@ -1,0 +1,84 @@
+"""Alignment: 5-point templates, Umeyama similarity, bilinear crop and its exact inverse."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+TEMPLATES = ("gpen", "ffhq")
+
+# Classic 96x112 five-point set (x, y) that upstream GPEN pads to its template (facts 2.4).
+_BASE_96x112 = np.array([
+    [30.2946, 51.6963], [65.5318, 51.5014], [48.0252, 71.7366], [33.5493, 92.3655], [62.7299, 92.2041],
+])
+# FFHQ 5 points for a 512 crop, as used by facexlib's FaceRestoreHelper (GFPGAN, CodeFormer, facefusion's GPEN).
+_FFHQ_512 = np.array([
+    [192.98138, 239.94708], [318.90277, 240.19360], [256.63416, 314.01935],
+    [201.26117, 371.41043], [313.08905, 371.15118],
+])
+
+
+def gpen_template(size: int) -> np.ndarray:
+    """GPEN's template for an SxS crop: square the 96x112 set (+8 in x), pad by 0.25 each side (+28), scale S/168."""
+    return (_BASE_96x112 + np.array([36.0, 28.0])) * (size / 168.0)
+
+
+def ffhq_template(size: int) -> np.ndarray:
+    return _FFHQ_512 * (size / 512.0)
+
+
+def template(name: str, size: int) -> np.ndarray:
+    """The 5 reference points [5, 2] of template `name` for an SxS crop."""
+    if name == "gpen":
+        return gpen_template(size)
+    if name == "ffhq":
+        return ffhq_template(size)
+    raise ValueError(f"unknown template {name!r}; choose one of: {', '.join(TEMPLATES)}")
+
+
+def umeyama(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Least-squares similarity (rotation, uniform scale, translation) mapping src [N, 2] onto dst [N, 2].
+
+    Umeyama 1991, eq. 40-43; a reflection is never returned (the sign of the smallest singular direction flips
+    when det < 0). Returns a 3x3 homogeneous matrix.
+    """
+    src = np.asarray(src, dtype=np.float64)
+    dst = np.asarray(dst, dtype=np.float64)
+    n = src.shape[0]
+    mu_s, mu_d = src.mean(0), dst.mean(0)
+    s0, d0 = src - mu_s, dst - mu_d
+    cov = d0.T @ s0 / n
+    u, sig, vt = np.linalg.svd(cov)
+    d = np.ones(2)
+    if np.linalg.det(cov) < 0:
+        d[-1] = -1.0
+    rot = u @ np.diag(d) @ vt
+    var_s = (s0**2).sum() / n
+    scale = (sig * d).sum() / var_s if var_s > 0 else 1.0
+    m = np.eye(3)
+    m[:2, :2] = scale * rot
+    m[:2, 2] = mu_d - scale * rot @ mu_s
+    return m
+
+
+def invert_affine(m: np.ndarray) -> np.ndarray:
+    """Exact inverse of a 2x3 affine matrix."""
+    full = np.vstack([m, [0.0, 0.0, 1.0]])
+    return np.linalg.inv(full)[:2]
+
+
+def alignment(landmarks: np.ndarray, size: int, template_name: str = "gpen") -> tuple[np.ndarray, np.ndarray]:
+    """(affine image->crop, inverse crop->image), both 2x3, that put `landmarks` onto the template."""
+    m = umeyama(landmarks, template(template_name, size))[:2]
+    return m, invert_affine(m)
+
+
+def apply_affine(m: np.ndarray, points: np.ndarray) -> np.ndarray:
+    points = np.asarray(points, dtype=np.float64)
+    return points @ m[:, :2].T + m[:, 2]
+
+
+def warp_crop(image: np.ndarray, affine: np.ndarray, size: int) -> np.ndarray:
+    """SxS bilinear crop. Border pixels are replicated, so a face at the image edge does not bleed black into the
+    restored crop (and back into the image through the paste's bilinear interpolation)."""
+    return cv2.warpAffine(image, affine, (size, size), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)

@@ -1,0 +1,376 @@
+"""Reading and writing photos as people have them.
+
+What happens to each kind of input (documented behaviour, tested in tests/test_imageio.py):
+  * formats in: JPEG, PNG, WebP, BMP, TIFF. Anything else (GIF, ...) is refused with a message.
+  * EXIF orientation is applied to the pixels; the EXIF block is kept with its orientation tag reset to 1, and
+    written back (JPEG, PNG, WebP, TIFF; BMP has no EXIF). The ICC profile is carried the same way (dropped for
+    CMYK inputs, whose profile does not describe the RGB output).
+  * RGBA / LA / palette with transparency: the alpha channel is kept untouched and re-attached on output
+    (a JPEG output cannot hold alpha: it is dropped there; BMP readers may ignore it).
+  * grayscale (L, 16-bit I;16) is processed as RGB and written back as grayscale (luma 0.299/0.587/0.114, so
+    pixels no face touches come back exactly).
+  * 16-bit PNG/TIFF: the network sees an 8-bit copy (value / 257, rounded); restored faces are scaled back by 257
+    and pasted into the original 16-bit pixels, so every untouched pixel keeps all 16 bits. Output stays 16-bit for
+    PNG/TIFF (PNG keeps ICC and EXIF; 16-bit TIFF output carries no metadata), and is 8-bit for other formats.
+  * images over 100 megapixels are refused (not tiled), with a message naming the size and the limit. Below the
+    limit big photos are fine: detection runs on a downscaled copy (--det-size) and the default --face-crop paste
+    touches only each face's region, so per-face cost does not grow with the frame; the limit exists because
+    the decoded frame (and its output copy) must fit in host memory.
+  * zero-byte, truncated, non-image and unsupported files raise `ImageReadError` naming the file and the reason.
+
+Writing goes to a temporary file in the output folder followed by `os.replace`, so a crash never leaves a half
+file; JPEG and WebP are written at quality 95.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+import warnings
+import zlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+MAX_PIXELS = 100_000_000
+JPEG_QUALITY = 95
+EXT_TO_FORMAT = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "bmp": "BMP", "tif": "TIFF",
+                 "tiff": "TIFF"}
+FORMAT_TO_EXT = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "TIFF": "tiff"}
+INPUT_EXTENSIONS = tuple(EXT_TO_FORMAT)
+ORIENTATION_TAG = 0x0112
+_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+class ImageReadError(ValueError):
+    """An input that cannot be used; str() is one line naming the file and the reason."""
+
+
+@dataclass
+class Picture:
+    """Decoded pixels plus what must go back into the output file."""
+
+    rgb: np.ndarray                   # [H, W, 3] uint8 or uint16, RGB, orientation applied
+    alpha: np.ndarray | None = None   # [H, W], same dtype as rgb
+    grayscale: bool = False           # written back as a single channel
+    format: str | None = None         # Pillow format name of the source ("JPEG", ...); None for arrays
+    exif: bytes | None = None         # orientation already reset to 1
+    icc_profile: bytes | None = None
+    path: Path | None = None
+
+    @property
+    def bits(self) -> int:
+        return 16 if self.rgb.dtype == np.uint16 else 8
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.rgb.shape[1], self.rgb.shape[0]
+
+    def rgb8(self) -> np.ndarray:
+        """The 8-bit RGB copy the detector and the network see."""
+        if self.rgb.dtype == np.uint8:
+            return self.rgb
+        return np.rint(self.rgb.astype(np.float32) / 257.0).astype(np.uint8)
+
+    def with_pixels(self, rgb: np.ndarray) -> Picture:
+        return replace(self, rgb=rgb)
+
+
+# ---------------------------------------------------------------------------------------------------- reading
+
+
+def read_image(path: str | Path) -> Picture:
+    """Decode `path` into a Picture; raises ImageReadError with a one-line reason."""
+    path = Path(path)
+    if not path.exists():
+        raise ImageReadError(f"{path}: no such file")
+    if path.is_dir():
+        raise ImageReadError(f"{path}: is a directory, not an image")
+    if path.stat().st_size == 0:
+        raise ImageReadError(f"{path}: empty file (0 bytes)")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(path)
+    except Image.DecompressionBombError:
+        raise ImageReadError(_too_big(path, None)) from None
+    except UnidentifiedImageError:
+        raise ImageReadError(f"{path}: not an image (or a format Pillow cannot read)") from None
+    except OSError as e:
+        raise ImageReadError(f"{path}: cannot read ({e})") from None
+    with img:
+        if img.format not in FORMAT_TO_EXT:
+            raise ImageReadError(f"{path}: unsupported format {img.format} (supported: jpg, png, webp, bmp, tiff)")
+        w, h = img.size
+        if w * h > MAX_PIXELS:
+            raise ImageReadError(_too_big(path, (w, h)))
+        exif, orientation = _exif_without_orientation(img)
+        icc = img.info.get("icc_profile") or None
+        if img.mode == "CMYK":
+            icc = None
+        if img.format in ("PNG", "TIFF") and _is_16_bit(path, img):
+            rgb, alpha, gray = _read_16_bit(path)
+            rgb, alpha = _orient(rgb, orientation), None if alpha is None else _orient(alpha, orientation)
+            return Picture(rgb, alpha, gray, img.format, exif, icc, path)
+        try:
+            img.load()
+            oriented = ImageOps.exif_transpose(img) if orientation not in (None, 1) else img
+            rgb, alpha, gray = _pixels_8_bit(oriented)
+        except (OSError, SyntaxError, ValueError) as e:
+            raise ImageReadError(f"{path}: truncated or corrupt image data ({e})") from None
+        return Picture(rgb, alpha, gray, img.format, exif, icc, path)
+
+
+def _too_big(path: Path, size: tuple[int, int] | None) -> str:
+    dims = f"{size[0]}x{size[1]} = {size[0] * size[1] / 1e6:.0f} MP" if size else "more than 179 MP"
+    return (f"{path}: image too large ({dims}; the limit is {MAX_PIXELS // 1_000_000} MP): "
+            f"downscale or split it first")
+
+
+def _exif_without_orientation(img: Image.Image) -> tuple[bytes | None, int | None]:
+    try:
+        exif = img.getexif()
+    except Exception:  # noqa: BLE001 - broken EXIF must not make the photo unreadable
+        return None, None
+    if not len(exif):
+        return None, None
+    orientation = exif.get(ORIENTATION_TAG)
+    try:
+        if orientation is None:
+            return exif.tobytes(), None
+        exif[ORIENTATION_TAG] = 1                     # the copy we write; the image keeps its own for transposing
+        try:
+            return exif.tobytes(), orientation
+        finally:
+            exif[ORIENTATION_TAG] = orientation
+    except Exception:  # noqa: BLE001
+        return None, orientation
+
+
+def _is_16_bit(path: Path, img: Image.Image) -> bool:
+    if img.mode in _SIXTEEN_BIT_MODES:
+        return True
+    if img.format == "PNG":
+        with open(path, "rb") as f:
+            head = f.read(25)
+        return len(head) == 25 and head[24] == 16               # IHDR bit depth
+    bits = getattr(img, "tag_v2", {}).get(258)                  # TIFF BitsPerSample
+    bits = bits if isinstance(bits, tuple) else (bits,)
+    return any(b == 16 for b in bits if b is not None)
+
+
+def _read_16_bit(path: Path) -> tuple[np.ndarray, np.ndarray | None, bool]:
+    """16-bit pixels through OpenCV (Pillow truncates 16-bit RGB to 8 bits)."""
+    arr = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    if arr is None or arr.dtype != np.uint16:
+        raise ImageReadError(f"{path}: truncated or corrupt 16-bit image data")
+    if arr.ndim == 2:
+        return np.repeat(arr[..., None], 3, axis=2), None, True
+    if arr.shape[2] == 2:
+        return np.repeat(arr[..., :1], 3, axis=2), arr[..., 1].copy(), True
+    if arr.shape[2] == 4:
+        return cv2.cvtColor(arr, cv2.COLOR_BGRA2RGB), arr[..., 3].copy(), False
+    return cv2.cvtColor(arr, cv2.COLOR_BGR2RGB), None, False
+
+
+def _orient(a: np.ndarray, orientation: int | None) -> np.ndarray:
+    """EXIF orientation for arrays (same mapping as Pillow's exif_transpose)."""
+    ops = {
+        2: lambda x: x[:, ::-1],
+        3: lambda x: x[::-1, ::-1],
+        4: lambda x: x[::-1],
+        5: lambda x: x.swapaxes(0, 1),
+        6: lambda x: np.rot90(x, -1),
+        7: lambda x: x.swapaxes(0, 1)[::-1, ::-1],
+        8: lambda x: np.rot90(x, 1),
+    }
+    op = ops.get(orientation or 1)
+    return np.ascontiguousarray(op(a)) if op else a
+
+
+def _pixels_8_bit(img: Image.Image) -> tuple[np.ndarray, np.ndarray | None, bool]:
+    mode = img.mode
+    if mode == "P" or mode == "PA":
+        img = img.convert("RGBA" if ("transparency" in img.info or mode == "PA") else "RGB")
+        mode = img.mode
+    if mode in ("1", "L"):
+        g = np.asarray(img.convert("L"))
+        return np.repeat(g[..., None], 3, axis=2), None, True
+    if mode in ("LA", "La"):
+        a = np.asarray(img.convert("LA"))
+        return np.repeat(a[..., :1], 3, axis=2), a[..., 1].copy(), True
+    if mode in ("RGBA", "RGBa"):
+        a = np.asarray(img.convert("RGBA"))
+        return np.ascontiguousarray(a[..., :3]), a[..., 3].copy(), False
+    if mode == "F":
+        raise ValueError("32-bit float images are not supported")
+    return np.asarray(img.convert("RGB")).copy(), None, False
+
+
+def picture_from_array(array: np.ndarray) -> Picture:
+    """Wrap an array from the caller: [H, W] gray, [H, W, 3] RGB or [H, W, 4] RGBA, uint8 or uint16."""
+    a = np.asarray(array)
+    if a.dtype not in (np.uint8, np.uint16):
+        raise ValueError(f"image array must be uint8 or uint16, got {a.dtype}")
+    if a.ndim == 2:
+        return Picture(np.repeat(a[..., None], 3, axis=2), grayscale=True)
+    if a.ndim == 3 and a.shape[2] == 3:
+        return Picture(np.ascontiguousarray(a))
+    if a.ndim == 3 and a.shape[2] == 4:
+        return Picture(np.ascontiguousarray(a[..., :3]), alpha=a[..., 3].copy())
+    raise ValueError(f"image array must be HxW, HxWx3 or HxWx4, got shape {a.shape}")
+
+
+def to_array(pic: Picture) -> np.ndarray:
+    """The inverse of picture_from_array: gray, RGB or RGBA array."""
+    if pic.grayscale:
+        g = _luma(pic.rgb)
+        return g if pic.alpha is None else np.dstack([g, pic.alpha])
+    return pic.rgb if pic.alpha is None else np.dstack([pic.rgb, pic.alpha])
+
+
+# ---------------------------------------------------------------------------------------------------- writing
+
+
+def output_format(ext: str | None, pic: Picture) -> tuple[str, str]:
+    """(Pillow format, file extension without dot): `ext` if given, else the input's format (PNG for arrays)."""
+    if ext:
+        e = ext.lower().lstrip(".")
+        if e not in EXT_TO_FORMAT:
+            raise ValueError(f"unsupported output extension {ext!r} (use one of: {', '.join(EXT_TO_FORMAT)})")
+        return EXT_TO_FORMAT[e], e
+    fmt = pic.format or "PNG"
+    if pic.path is not None and pic.path.suffix.lower().lstrip(".") in EXT_TO_FORMAT:
+        return fmt, pic.path.suffix.lstrip(".")
+    return fmt, FORMAT_TO_EXT[fmt]
+
+
+def write_image(pic: Picture, path: str | Path, fmt: str | None = None) -> Path:
+    """Encode `pic` to `path` atomically (temp file in the same folder, then os.replace)."""
+    path = Path(path)
+    fmt = fmt or EXT_TO_FORMAT.get(path.suffix.lower().lstrip("."), "PNG")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    os.close(fd)
+    try:
+        if pic.bits == 16 and fmt in ("PNG", "TIFF"):
+            _write_16_bit(pic, Path(tmp), fmt)
+        else:
+            _write_8_bit(pic, Path(tmp), fmt)
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def copy_file(src: str | Path, path: str | Path) -> Path:
+    """Byte-for-byte copy through a temp file and os.replace (images no face was pasted into)."""
+    import shutil
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    os.close(fd)
+    try:
+        shutil.copyfile(src, tmp)
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def encode_image(pic: Picture, fmt: str) -> bytes:
+    """The encoded file as bytes (used for comparison images and tests)."""
+    import io
+
+    buf = io.BytesIO()
+    _to_pil(pic, fmt).save(buf, format=fmt, **_save_options(pic, fmt))
+    return buf.getvalue()
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
+def _luma(rgb: np.ndarray) -> np.ndarray:
+    """ITU-R 601 luma, rounded; R=G=B pixels map back to exactly that value."""
+    y = rgb[..., 0] * 0.299 + rgb[..., 1] * 0.587 + rgb[..., 2] * 0.114
+    return np.clip(np.rint(y), 0, np.iinfo(rgb.dtype).max).astype(rgb.dtype)
+
+
+def _to_pil(pic: Picture, fmt: str) -> Image.Image:
+    rgb = pic.rgb if pic.bits == 8 else np.rint(pic.rgb.astype(np.float32) / 257.0).astype(np.uint8)
+    alpha = pic.alpha
+    if alpha is not None and alpha.dtype != np.uint8:
+        alpha = np.rint(alpha.astype(np.float32) / 257.0).astype(np.uint8)
+    if fmt == "JPEG":
+        alpha = None
+    if pic.grayscale and fmt != "WEBP":
+        g = _luma(rgb)
+        if alpha is None:
+            return Image.fromarray(g, "L")
+        if fmt in ("PNG", "TIFF"):
+            return Image.fromarray(np.dstack([g, alpha]), "LA")
+        rgb = np.repeat(g[..., None], 3, axis=2)
+    if alpha is not None:
+        return Image.fromarray(np.dstack([rgb, alpha]), "RGBA")
+    return Image.fromarray(rgb, "RGB")
+
+
+def _save_options(pic: Picture, fmt: str) -> dict:
+    opts: dict = {}
+    if fmt in ("JPEG", "WEBP"):
+        opts["quality"] = JPEG_QUALITY
+    if fmt != "BMP":
+        if pic.exif:
+            opts["exif"] = pic.exif
+        if pic.icc_profile:
+            opts["icc_profile"] = pic.icc_profile
+    return opts
+
+
+def _write_8_bit(pic: Picture, tmp: Path, fmt: str) -> None:
+    _to_pil(pic, fmt).save(tmp, format=fmt, **_save_options(pic, fmt))
+
+
+def _write_16_bit(pic: Picture, tmp: Path, fmt: str) -> None:
+    if pic.grayscale:
+        arr = _luma(pic.rgb)
+        if pic.alpha is not None:
+            arr = np.dstack([arr, pic.alpha])
+    else:
+        arr = cv2.cvtColor(pic.rgb, cv2.COLOR_RGB2BGR)
+        if pic.alpha is not None:
+            arr = np.dstack([arr, pic.alpha])
+    ok, buf = cv2.imencode(".png" if fmt == "PNG" else ".tiff", arr)
+    if not ok:
+        raise OSError(f"cannot encode a 16-bit {fmt} image")
+    data = buf.tobytes()
+    if fmt == "PNG":
+        data = _png_with_metadata(data, pic.icc_profile, pic.exif)
+    tmp.write_bytes(data)
+
+
+def _png_chunk(kind: bytes, payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+
+def _png_with_metadata(png: bytes, icc: bytes | None, exif: bytes | None) -> bytes:
+    """Insert iCCP / eXIf chunks right after IHDR (signature 8 bytes + IHDR chunk 25 bytes)."""
+    extra = b""
+    if icc:
+        extra += _png_chunk(b"iCCP", b"ICC Profile\0\0" + zlib.compress(icc))
+    if exif:
+        extra += _png_chunk(b"eXIf", exif[6:] if exif.startswith(b"Exif\0\0") else exif)
+    return png[:33] + extra + png[33:]

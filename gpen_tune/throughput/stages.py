@@ -1,0 +1,210 @@
+"""The face pipeline's stages (gpen_tune.face.pipeline.Enhancer) cut per image for the folder runner.
+
+The serial driver `enhance_paths` calls `Enhancer.prepare / restore / finish / write` on a few images at a time;
+here the same calls run one image at a time in worker threads, and the restore step is replaced by the runner's
+cross-image batches (same tensors in, same conversion out). Output names come from the same `OutputNaming`.
+Paste-back runs on the GPU (`gpu_paste.paste_faces_device`) for large 8-bit images when the generator is on
+CUDA and the default feathered mask is used; everything else uses the CPU paste of the face part.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PASTE_MODES = ("auto", "cpu", "gpu")
+GPU_PASTE_MIN_PIXELS = 2_000_000     # auto: GPU paste from about 1920x1080 up (smaller frames paste fast on the CPU)
+
+
+@dataclass
+class _Item:
+    index: int
+    job: Any                         # gpen_tune.face.pipeline.ImageJob
+
+
+class EnhancerStages:
+    """prepare / crops / finish of an `Enhancer`, thread-safe, one image per call.
+
+    Args:
+        enhancer: a built Enhancer (its detector is created here, before the worker threads start).
+        naming: where outputs go (`OutputNaming`, as the serial driver).
+        stems: output stem per input index (default: each input's stem).
+        paste: "auto" (GPU for frames >= GPU_PASTE_MIN_PIXELS on CUDA), "cpu" or "gpu".
+        save_faces / save_comparison: the serial driver's extra outputs.
+    """
+
+    def __init__(self, enhancer: Any, naming: Any, paths: Sequence[Path], stems: Sequence[str] | None = None,
+                 paste: str = "auto", save_faces: bool = False, save_comparison: bool = False):
+        if paste not in PASTE_MODES:
+            raise ValueError(f"paste must be one of {', '.join(PASTE_MODES)}, got {paste!r}")
+        self.enhancer = enhancer
+        self.naming = naming
+        self.stems = list(stems) if stems is not None else [Path(p).stem for p in paths]
+        self.paste = paste
+        self.save_faces = save_faces
+        self.save_comparison = save_comparison
+        # build lazily-created parts once, here: their properties are not safe to race from worker threads
+        if not enhancer.settings.aligned:
+            det = enhancer.detector
+            if hasattr(det, "before_restore") and not isinstance(det, SharedDetector):
+                enhancer._detector = SharedDetector(det)   # a lazy detector: release only between detections
+        if enhancer.settings.parse_mask and not enhancer.settings.aligned and enhancer.settings.strength > 0:
+            _ = enhancer.parser
+
+    @property
+    def device_paste_possible(self) -> bool:
+        """Whether any image can take the GPU paste (the runner then keeps restored crops on the device)."""
+        s = self.enhancer.settings
+        return (self.paste != "cpu" and self.enhancer.device.type == "cuda" and s.face_crop and not s.aligned
+                and not s.parse_mask and s.strength > 0)
+
+    def before_restore(self) -> None:
+        hook = getattr(self.enhancer._detector, "before_restore", None)
+        if hook:
+            hook()
+
+    # -- stages -------------------------------------------------------------------------------------------------
+    def prepare(self, index: int, path: Path) -> _Item:
+        from gpen_tune.imageio import ImageReadError
+
+        (job,) = self.enhancer.prepare([path])
+        if job.status == "error":
+            raise ImageReadError(job.error)
+        return _Item(index, job)
+
+    def prepare_many(self, indices: Sequence[int], paths: Sequence[Path]) -> list[_Item | Exception]:
+        """Several images with one detector call (same-size images share a forward pass on the GPU)."""
+        from gpen_tune.imageio import ImageReadError
+
+        jobs = self.enhancer.prepare(list(paths))
+        return [ImageReadError(job.error) if job.status == "error" else _Item(i, job)
+                for i, job in zip(indices, jobs, strict=True)]
+
+    def crops(self, item: _Item) -> list[np.ndarray]:
+        if self.enhancer.settings.strength <= 0:
+            return []
+        return [f.crop for f in item.job.faces]
+
+    def restored(self, item: _Item, seconds: float) -> None:
+        """The runner's per-face share of its batch's time, as the serial path's "restore" timing."""
+        item.job.add_time("restore", seconds)
+
+    def finish(self, item: _Item, restored: list[np.ndarray], restored_device: list[Any] | None = None) -> Path:
+        job = item.job
+        for face, crop in zip(job.faces, restored, strict=False):   # empty when strength is 0
+            face.restored = crop
+        if restored_device is not None and self._use_device_paste(job):
+            self._finish_on_device(job, restored_device)
+        else:
+            self.enhancer.finish(job)
+        stem = self.stems[item.index]
+        out, fmt = self.naming.path_for(job, stem)
+        self.enhancer.write(job, out, fmt)
+        if self.save_faces or self.save_comparison:
+            from gpen_tune.face import pipeline
+
+            if self.save_faces:
+                pipeline._save_faces(job, self.naming, stem, fmt)
+            if self.save_comparison:
+                pipeline._save_comparison(job, self.naming, stem, fmt)
+        job.picture = job.result = None                  # free the pixels; the report keeps the rest
+        for face in job.faces:
+            face.crop = face.restored = None
+        return out
+
+    # -- GPU paste ----------------------------------------------------------------------------------------------
+    def _use_device_paste(self, job: Any) -> bool:
+        if not self.device_paste_possible or not job.faces or job.picture.bits != 8:
+            return False
+        w, h = job.picture.size
+        return self.paste == "gpu" or w * h >= GPU_PASTE_MIN_PIXELS
+
+    def _finish_on_device(self, job: Any, restored_device: list[Any]) -> None:
+        import time
+
+        import torch
+
+        from gpen_tune.face.paste import face_mask, is_small_face
+        from gpen_tune.throughput.gpu_paste import DeviceFace, paste_faces_device
+
+        t = time.perf_counter()
+        s = self.enhancer.settings
+        faces = [DeviceFace(dev, face.inverse, face_mask(dev.shape[0]),
+                            soften=s.soften_small_faces and face.detection is not None
+                            and is_small_face(face.detection.box))
+                 for face, dev in zip(job.faces, restored_device, strict=True)]
+        stream = _side_stream(restored_device[0].device)           # off the generator's stream
+        with torch.cuda.stream(stream):
+            pixels = paste_faces_device(job.picture.rgb, faces, s.strength)
+        stream.synchronize()
+        job.result = job.picture.with_pixels(pixels)
+        job.status = "ok"
+        job.add_time("paste", time.perf_counter() - t)
+
+
+_local = threading.local()
+
+
+def _side_stream(device: Any) -> Any:
+    """One CUDA stream per finish thread, so paste-back overlaps the generator instead of queueing behind it."""
+    import torch
+
+    stream = getattr(_local, "stream", None)
+    if stream is None or stream.device != device:
+        stream = _local.stream = torch.cuda.Stream(device=device)
+    return stream
+
+
+class SharedDetector:
+    """Makes a releasable (lazy) detector safe under the runner: many prepare threads detect at once, while the
+    GPU thread's `before_restore` may release it. Detections share the detector; a release waits until none is
+    running and new detections wait for the release (writer preference), and a rebuild happens once, under
+    the lock. Everything else is forwarded to the wrapped detector.
+    """
+
+    def __init__(self, inner: Any):
+        self._inner = inner
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._releasing = False
+
+    def detect(self, images: list) -> list:
+        with self._cond:
+            while self._releasing:
+                self._cond.wait()
+            self._readers += 1
+            if getattr(self._inner, "loaded", True) is False:
+                _ = self._inner.detector           # rebuild once, here, not in several threads at the same time
+        try:
+            return self._inner.detect(images)
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    def before_restore(self) -> Any:
+        with self._cond:
+            self._releasing = True
+            try:
+                while self._readers:
+                    self._cond.wait()
+                return self._inner.before_restore()
+            finally:
+                self._releasing = False
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            close = getattr(self._inner, "close", None)
+            if callable(close):
+                close()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)

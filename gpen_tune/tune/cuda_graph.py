@@ -1,0 +1,153 @@
+"""--cuda-graph: replay the generator from CUDA Graphs captured per (batch bucket, size, dtype).
+
+What changes: the first batch of each bucket (1, 2, 4, 8, 16, 32, 64) is padded up to the bucket, the module runs
+a few warm-up calls on a side stream (cuDNN / Inductor choose their kernels outside the capture), then one call is
+captured with static input/output buffers. Every later call copies its batch into the static input, zeroes the
+padding rows, replays the graph and returns a clone of the rows it asked for (the static output is overwritten by
+the next replay). Batches above the largest bucket are run in bucket-sized chunks.
+All buckets share one private memory pool: only one graph runs at a time and each output is cloned out right
+after its replay, so a later capture may reuse an earlier graph's scratch memory (peak = the largest graph, not
+the sum).
+Why it helps: at batch 1 GPEN launches hundreds of small kernels; the CPU cannot launch them as fast as the GPU
+runs them. A graph replay is one launch (measured.md: launches dominate small batches).
+With --compile: "reduce-overhead" and "max-autotune" already replay through CUDA graphs (Inductor's
+triton.cudagraphs), so no manual capture is done (no capture twice); with "default" the compiled module is what
+gets captured.
+Tolerance: identical to the module it captures (same kernels, same inputs).
+Fallback: an out-of-memory error during capture or replay drops that graph and raises, so the restorer splits the
+batch (the bucket shrinks with it) and records it; any other capture error falls back to running the module
+without graphs (recorded). On the CPU: skipped with the message from `is_supported`.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+
+import torch
+
+from gpen_tune.tune.options import TuneConfig
+from gpen_tune.tune.torch_compile import is_out_of_memory
+
+BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+WARMUP_CALLS = 3
+
+
+def is_supported(device: str | torch.device, cfg: TuneConfig | None = None) -> str | None:
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"CUDA Graphs need a CUDA device; running on {device.type} without graph capture"
+    if not torch.cuda.is_available():
+        return "CUDA Graphs need a CUDA device, and CUDA is not available"
+    return None
+
+
+# torch.compile modes whose Inductor output already replays CUDA graphs (torch._inductor.list_mode_options):
+# capturing them again by hand would capture twice
+COMPILE_MODES_WITH_GRAPHS = ("reduce-overhead", "max-autotune")
+
+
+def compile_already_graphs(cfg: TuneConfig) -> bool:
+    return cfg.compile in COMPILE_MODES_WITH_GRAPHS
+
+
+def bucket_for(batch: int, buckets: tuple[int, ...] = BUCKETS) -> int:
+    """Smallest bucket >= batch (batch <= max(buckets))."""
+    for b in buckets:
+        if b >= batch:
+            return b
+    raise ValueError(f"batch {batch} is above the largest bucket {buckets[-1]}")
+
+
+class _Captured:
+    def __init__(self, graph: torch.cuda.CUDAGraph, static_in: torch.Tensor, static_out: torch.Tensor,
+                 seconds: float):
+        self.graph = graph
+        self.static_in = static_in
+        self.static_out = static_out
+        self.seconds = seconds
+
+
+class GraphedForward:
+    """A callable replaying per-bucket CUDA graphs of `module` (which maps [B,3,S,S] -> [B,3,S,S])."""
+
+    def __init__(self, module: Callable[[torch.Tensor], torch.Tensor], buckets: tuple[int, ...] = BUCKETS,
+                 on_fallback: Callable[[str], None] | None = None):
+        self.module = module
+        self.buckets = tuple(sorted(buckets))
+        self.on_fallback = on_fallback
+        self.graphs: dict[tuple, _Captured] = {}
+        self.pool = None
+        self.disabled: str | None = None
+
+    @property
+    def capture_seconds(self) -> float:
+        return sum(c.seconds for c in self.graphs.values())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.disabled is not None or x.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+            return self.module(x)
+        top = self.buckets[-1]
+        if x.shape[0] > top:
+            return torch.cat([self(chunk) for chunk in x.split(top)])
+        n = x.shape[0]
+        bucket = bucket_for(n, self.buckets)
+        key = (bucket, tuple(x.shape[1:]), x.dtype, x.device)
+        entry = self.graphs.get(key)
+        if entry is None:
+            try:
+                entry = self._capture(key)
+            except Exception as e:
+                if is_out_of_memory(e):
+                    raise
+                self.disabled = f"CUDA graph capture failed, running without graphs: {type(e).__name__}: " \
+                                f"{(str(e).splitlines() or [''])[0][:200]}"
+                if self.on_fallback is not None:
+                    self.on_fallback(self.disabled)
+                return self.module(x)
+            self.graphs[key] = entry
+        entry.static_in[:n].copy_(x)
+        if n < bucket:
+            entry.static_in[n:].zero_()
+        entry.graph.replay()
+        return entry.static_out[:n].clone()
+
+    def _capture(self, key: tuple) -> _Captured:
+        import time
+
+        bucket, shape, dtype, device = key
+        start = time.perf_counter()
+        with torch.inference_mode(False):  # a normal tensor: refillable inside and outside inference_mode
+            static_in = torch.zeros((bucket, *shape), dtype=dtype, device=device)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            side = torch.cuda.Stream(device=device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_CALLS):
+                    self.module(static_in)
+            torch.cuda.current_stream(device).wait_stream(side)
+            torch.cuda.synchronize(device)
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self.pool):
+                static_out = self.module(static_in)
+            torch.cuda.synchronize(device)
+        except BaseException:
+            del graph, static_in
+            gc.collect()
+            torch.cuda.empty_cache()
+            raise
+        return _Captured(graph, static_in, static_out, time.perf_counter() - start)
+
+    def reset(self) -> None:
+        """Drop every graph and its memory (e.g. after an OOM)."""
+        self.graphs.clear()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def apply(module: Callable[[torch.Tensor], torch.Tensor], cfg: TuneConfig,
+          on_fallback: Callable[[str], None] | None = None, buckets: tuple[int, ...] = BUCKETS) -> GraphedForward:
+    return GraphedForward(module, buckets=buckets, on_fallback=on_fallback)

@@ -1,0 +1,176 @@
+"""`TuneConfig`: the six optimizations (plus the fused fast path) as one frozen value, and the named presets.
+
+This file is the single source of truth for every switch: its default, its CLI help text and its tolerance
+against the fp32 eager default (field metadata). The CLI builds its "Optimizations" help panel from it, `bench`
+iterates over `STEPS`, and `build_restorer` applies the switches in `APPLY_ORDER`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Literal
+
+CompileMode = Literal["default", "reduce-overhead", "max-autotune"]
+AmpMode = Literal["off", "bf16", "fp16"]
+COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune")
+AMP_MODES: tuple[str, ...] = ("off", "bf16", "fp16")
+
+
+def _switch(default, *, flag: str, help: str, tolerance: str, requires: str = "any device"):
+    return field(default=default, metadata={"flag": flag, "help": help, "tolerance": tolerance, "requires": requires})
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """Which optimizations run. All off (the default) = fp32 eager generator, upstream-like whole-frame pipeline."""
+
+    lazy_detector: bool = _switch(
+        False, flag="--lazy-detector",
+        help="Create the face detector on first use and release it (delete, empty the CUDA cache) before the "
+             "generator runs when free GPU memory is tight; it is recreated when the next image needs it.",
+        tolerance="identical output (memory only)", requires="CUDA (on the CPU there is no GPU memory to free)")
+    compile: CompileMode | None = _switch(
+        None, flag="--compile",
+        help="torch.compile the generator (default | reduce-overhead | max-autotune), whole graph, no breaks. "
+             "Costs a one-off warm-up (tens of seconds per input shape); a compile error falls back to eager.",
+        tolerance="max-abs <= 1e-3 vs fp32 eager (kernel fusion reorders float sums)",
+        requires="a C++ compiler on CPU, Triton on CUDA")
+    amp: AmpMode = _switch(
+        "off", flag="--amp",
+        help="Run the generator's convolutions in bf16 or fp16 (weights cast, not autocast); the style path, "
+             "demodulation and RGB skip stay fp32. A batch with a non-finite output is re-run in fp32.",
+        tolerance=">= 40 dB PSNR vs fp32 (measured: fp16 ~ 64 dB, bf16 ~ 50 dB)",
+        requires="bf16: GPUs with bf16 (Ampere or newer) or the CPU; fp16: CUDA or a CPU with fp16 convs")
+    act_checkpoint: bool = _switch(
+        False, flag="--checkpoint",
+        help="Lower the generator's inference memory peak: bias+activation run in place, each encoder feature is "
+             "freed after its last use and the two largest are recomputed when the decoder needs them (a few % "
+             "more compute). This is not autograd checkpointing, which saves nothing at inference (under no_grad "
+             "no activations are kept for a backward pass).",
+        tolerance="identical output (bit-exact)")
+    face_crop: bool = _switch(
+        False, flag="--face-crop",
+        help="Never process a large image whole: detect on a downscaled copy, cut the face regions, restore and "
+             "paste back only those. Off = upstream-like full-frame processing (kept for comparison).",
+        tolerance="same faces; pixels outside the face regions are untouched",
+        requires="the enhance pipeline (no effect on the bare generator)")
+    cuda_graph: bool = _switch(
+        False, flag="--cuda-graph",
+        help="Capture the generator into CUDA Graphs per (batch bucket 1,2,4,...,64, size, dtype) and replay them; "
+             "batches are padded up to the bucket. Removes the per-kernel launch cost that dominates batch 1.",
+        tolerance="identical to the module it captures", requires="CUDA")
+    fused: bool = _switch(
+        False, flag="--fused",
+        help="Use the fused fast kernels of gpen_tune.fast (FIR folded into convs, bias+activation fused).",
+        tolerance="max-abs <= 1e-3 vs fp32 in fp32", requires="gpen_tune.fast")
+
+    def __post_init__(self) -> None:
+        if self.compile is not None and self.compile not in COMPILE_MODES:
+            raise ValueError(f"compile must be one of {COMPILE_MODES} or None, got {self.compile!r}")
+        if self.amp not in AMP_MODES:
+            raise ValueError(f"amp must be one of {AMP_MODES}, got {self.amp!r}")
+
+    def enabled(self) -> list[str]:
+        """Names of the switches that are on, in APPLY_ORDER."""
+        return [name for name in APPLY_ORDER if getattr(self, name) not in (False, None, "off")]
+
+    def describe(self) -> str:
+        """Short human form, e.g. 'compile=default amp=bf16 cuda_graph'."""
+        parts = []
+        for name in self.enabled():
+            value = getattr(self, name)
+            parts.append(name if value is True else f"{name}={value}")
+        return " ".join(parts) or "all off (fp32 eager)"
+
+
+def switch_help(name: str) -> str:
+    """CLI help text of a switch, with its tolerance and requirement appended."""
+    meta = next(f for f in fields(TuneConfig) if f.name == name).metadata
+    return f"{meta['help']} (tolerance: {meta['tolerance']}; needs: {meta['requires']})"
+
+
+def switch_meta(name: str) -> dict:
+    return dict(next(f for f in fields(TuneConfig) if f.name == name).metadata)
+
+
+# The seeds' six steps, in their numbering (bench rows "1", "1+2", ...); `fused` is our seventh, off the list.
+STEPS: tuple[str, ...] = ("lazy_detector", "compile", "amp", "act_checkpoint", "face_crop", "cuda_graph")
+
+# The fixed order `build_restorer` applies switches in, and why:
+#   act_checkpoint first (a flag on the FullGenerator itself, must be set before anything wraps it),
+#   amp (casts the weights in place: everything downstream sees the final dtype),
+#   fused (rebuilds the module from the cast weights),
+#   compile (traces the final module),
+#   cuda_graph (captures the compiled or eager module; skipped when compile already uses CUDA graphs),
+#   lazy_detector and face_crop act on the pipeline, not on the generator.
+APPLY_ORDER: tuple[str, ...] = ("act_checkpoint", "amp", "fused", "compile", "cuda_graph", "lazy_detector", "face_crop")
+
+PRESETS: dict[str, TuneConfig] = {
+    # fastest steady state; pays a compile warm-up per input shape
+    "speed": TuneConfig(lazy_detector=False, compile="default", amp="bf16", act_checkpoint=False, face_crop=True,
+                        cuda_graph=True, fused=True),
+    # most of the speed without a compile warm-up; bounded memory
+    "balanced": TuneConfig(lazy_detector=True, compile=None, amp="bf16", act_checkpoint=False, face_crop=True,
+                           cuda_graph=True, fused=False),
+    # smallest peak: detector released, features freed, half-precision activations, no graph pools
+    "low-memory": TuneConfig(lazy_detector=True, compile=None, amp="bf16", act_checkpoint=True, face_crop=True,
+                             cuda_graph=False, fused=False),
+}
+PRESET_NAMES: tuple[str, ...] = ("auto", *PRESETS)
+
+GiB = 1024**3
+# `auto` thresholds on *free* device memory (torch.cuda.mem_get_info), sized for GPEN-BFR-512: fp32 batch 16 peaks
+# near 10 GiB, bf16 batch 16 near 5 GiB, the detector + bf16 batch 1 near 1.5 GiB (measured.md / bench results).
+AUTO_SPEED_MIN_FREE = 16 * GiB
+AUTO_BALANCED_MIN_FREE = 6 * GiB
+
+
+def choose_preset(free_bytes: int | None, total_bytes: int | None) -> tuple[str, TuneConfig, str]:
+    """Pick a preset from free device memory (None = no CUDA device). Pure: the caller measures.
+
+    Returns (preset name, its TuneConfig, a one-line reason to print).
+    """
+    if free_bytes is None:
+        return "balanced", PRESETS["balanced"], "no CUDA device: balanced (GPU-only switches are skipped on CPU)"
+    free_gib = free_bytes / GiB
+    of_total = f" of {total_bytes / GiB:.1f} GiB" if total_bytes else ""
+    if free_bytes >= AUTO_SPEED_MIN_FREE:
+        name = "speed"
+        why = f">= {AUTO_SPEED_MIN_FREE // GiB} GiB"
+    elif free_bytes >= AUTO_BALANCED_MIN_FREE:
+        name = "balanced"
+        why = f"between {AUTO_BALANCED_MIN_FREE // GiB} and {AUTO_SPEED_MIN_FREE // GiB} GiB"
+    else:
+        name = "low-memory"
+        why = f"< {AUTO_BALANCED_MIN_FREE // GiB} GiB"
+    return name, PRESETS[name], f"{free_gib:.1f} GiB free{of_total} ({why}): preset {name}"
+
+
+def device_memory(device) -> tuple[int | None, int | None]:
+    """(free, total) bytes of a CUDA device from torch.cuda.mem_get_info (what other processes use counts too)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None, None
+    free, total = torch.cuda.mem_get_info(device)
+    return int(free), int(total)
+
+
+def resolve_preset(name: str | None, device="cuda") -> tuple[str, TuneConfig, str]:
+    """A preset by name; 'auto' measures free memory on `device`. None = all off."""
+    if name is None:
+        return "none", TuneConfig(), "no preset: all switches off unless given"
+    if name == "auto":
+        return choose_preset(*device_memory(device))
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESET_NAMES)}")
+    return name, PRESETS[name], f"preset {name}"
+
+
+def with_overrides(base: TuneConfig, **overrides) -> TuneConfig:
+    """`base` with every override that is not None applied (CLI flags given explicitly win over the preset)."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if "compile" in given and given["compile"] in ("off", "none"):
+        given["compile"] = None
+    return replace(base, **given)

@@ -1,0 +1,316 @@
+"""The released GPEN weights as files in the cache: list them, fetch them, verify them, pin their sha256.
+
+A file is accepted into the cache only after it loads with `weights_only=True` and every key and shape matches
+its model config. Official sha256 values are not published, so the first verified file of each name is pinned
+(`gpen_tune.weights.pins`) and a later file with another hash is refused unless the user pins it with `sha256=`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from gpen_tune.model.configs import MODELS, GPENConfig, ModelInfo, model_info
+from gpen_tune.weights import pins
+from gpen_tune.weights.cache import WeightsNotFoundError, cache_dir, cached_file
+from gpen_tune.weights.checkpoint import CheckpointError, check_state_dict, read_state_dict
+from gpen_tune.weights.checkpoint import expected_shapes as _expected_shapes
+from gpen_tune.weights.download import ChecksumError, DownloadError, download_file, file_sha256
+
+
+class WeightsMismatchError(ValueError):
+    """A weights file whose sha256 differs from the pinned (or requested) one; the message says how to fix it."""
+
+
+class WeightsDownloadError(RuntimeError):
+    """Every URL of a model failed; the message names the file, the URL and the exact path to put it at."""
+
+
+@dataclass(frozen=True)
+class WeightsStatus:
+    """One registry entry as `weights list` shows it."""
+
+    name: str
+    file: str
+    path: str
+    cached: bool
+    size: int | None           # bytes, when cached
+    config: str
+    task: str
+    url: str
+    source_note: str
+    licence: str
+    pinned_sha256: str | None
+    official_sha256: str | None
+
+
+@dataclass(frozen=True)
+class VerifiedFile:
+    """What `verify` found out about a checkpoint file."""
+
+    path: Path
+    model: str                 # registry name, or a description of the inferred config
+    config: GPENConfig
+    sha256: str
+    params: int                # learned parameters (the fixed FIR buffers excluded)
+    entries: int               # state-dict entries
+    pin: str | None            # 'matches' / 'differs' / None (no pin for this model)
+    pinned_sha256: str | None
+
+
+def describe_config(cfg: GPENConfig) -> str:
+    return f"size {cfg.size}, channel_multiplier {cfg.channel_multiplier}, narrow {cfg.narrow:g}"
+
+
+def list_weights() -> list[WeightsStatus]:
+    """Every registry model with its cache state and pin."""
+    pinned = pins.read_pins()
+    rows = []
+    for info in MODELS.values():
+        path = cached_file(info.filename)
+        cached = path.is_file()
+        pin = pinned.get(info.filename)
+        rows.append(WeightsStatus(
+            name=info.name, file=info.filename, path=str(path), cached=cached,
+            size=path.stat().st_size if cached else None, config=describe_config(info.config), task=info.task,
+            url=info.urls[0], source_note=info.source_note, licence=info.licence,
+            pinned_sha256=pin.sha256 if pin else None, official_sha256=info.sha256,
+        ))
+    return rows
+
+
+def verify_checkpoint(path: Path, cfg: GPENConfig) -> dict:
+    """Load `path` with weights_only=True and check every key and shape against `cfg`; returns the state dict."""
+    sd = read_state_dict(path)
+    check_state_dict(sd, cfg, source=str(path))
+    return sd
+
+
+def ensure_weights(
+    name: str,
+    *,
+    sha256: str | None = None,
+    download: bool = True,
+    url: str | None = None,
+    progress: bool = True,
+    timeout: float = 30.0,
+    retries: int = 3,
+    backoff: float = 1.0,
+) -> Path:
+    """The verified cached file of registry model `name`, downloading it into `cache_dir()` when allowed.
+
+    Args:
+        name: registry name, e.g. "GPEN-BFR-512".
+        sha256: pin this hash: the file must have it (replaces an older pin). None: use the existing pin, or pin
+            the first verified file.
+        download: False raises WeightsNotFoundError (naming URL and path) instead of downloading.
+        url: fetch from this URL (a mirror) instead of the registry's.
+    Raises:
+        WeightsNotFoundError, WeightsMismatchError, WeightsDownloadError, CheckpointError (a cached file that
+        does not match its config).
+    """
+    info = model_info(name)
+    dest = cached_file(info.filename)
+    want = _normalise_sha(sha256) or info.sha256
+    pin = pins.get_pin(info.filename)
+
+    if dest.is_file():
+        st = dest.stat()
+        if not want and pin and st.st_size == pin.size and st.st_mtime_ns == pin.mtime_ns:
+            return dest  # hashed before and unchanged since
+        got = file_sha256(dest)
+        if want:
+            if got == want:
+                if not (pin and pin.sha256 == got):
+                    verify_checkpoint(dest, info.config)
+                    pins.set_pin(info.filename, got, st.st_size, source=str(dest), mtime_ns=st.st_mtime_ns)
+                return dest
+            if not download:
+                raise WeightsMismatchError(_mismatch_message(info, dest, want, got, requested=True))
+        elif pin:
+            if got == pin.sha256:
+                pins.touch_pin(info.filename, st.st_mtime_ns)
+                return dest
+            raise WeightsMismatchError(_mismatch_message(info, dest, pin.sha256, got, requested=False))
+        else:
+            verify_checkpoint(dest, info.config)  # first use of a file someone put there: check, then pin
+            pins.set_pin(info.filename, got, st.st_size, source=str(dest), mtime_ns=st.st_mtime_ns)
+            return dest
+
+    if not download:
+        raise WeightsNotFoundError(missing_message(info, "is not in the cache"))
+    expected = want or (pin.sha256 if pin else None)
+    urls = (url,) if url else info.urls
+    failures = []
+    for u in urls:
+        try:
+            got = download_file(u, dest, sha256=expected, timeout=timeout, retries=retries, progress=progress,
+                                validate=lambda p: verify_checkpoint(p, info.config), backoff=backoff)
+        except ChecksumError as e:
+            raise WeightsMismatchError(_mismatch_message(info, u, e.expected, e.got, requested=bool(want),
+                                                         saved=False)) from None
+        except DownloadError as e:
+            failures.append(str(e))
+            continue
+        if want or not pin:
+            pins.set_pin(info.filename, got.sha256, got.size, source=u, mtime_ns=dest.stat().st_mtime_ns)
+        return dest
+    raise WeightsDownloadError(missing_message(info, "could not be downloaded: " + " | ".join(failures),
+                                              url=urls[0]))
+
+
+def import_weights(name: str, src: str | Path, *, sha256: str | None = None) -> Path:
+    """Copy a local file (e.g. ModelScope's pytorch_model.pt) into the cache as `name`'s file, verified and pinned."""
+    info = model_info(name)
+    src = Path(src).expanduser()
+    verify_checkpoint(src, info.config)
+    got = file_sha256(src)
+    want = _normalise_sha(sha256) or info.sha256
+    pin = pins.get_pin(info.filename)
+    if want and got != want:
+        raise WeightsMismatchError(_mismatch_message(info, src, want, got, requested=True, saved=False))
+    if not want and pin and got != pin.sha256:
+        raise WeightsMismatchError(_mismatch_message(info, src, pin.sha256, got, requested=False, saved=False))
+    dest = cached_file(info.filename)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if src.resolve() != dest.resolve():
+        tmp = dest.with_name(dest.name + ".part")
+        try:
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, dest)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    pins.set_pin(info.filename, got, dest.stat().st_size, source=str(src), mtime_ns=dest.stat().st_mtime_ns)
+    return dest
+
+
+def verify_file(path: str | Path, model: str | None = None, sha256: str | None = None) -> VerifiedFile:
+    """Check a checkpoint file: safe load, keys and shapes (against `model`, or the registry config it matches).
+
+    Raises CheckpointError when it is not a usable checkpoint, WeightsMismatchError when `sha256` is given and
+    differs, or when `path` is the cached file of its model and differs from the pin.
+    """
+    path = Path(path).expanduser()
+    sd = read_state_dict(path)
+    if model is not None:
+        info = model_info(model)
+        check_state_dict(sd, info.config, source=str(path))
+        name, cfg = info.name, info.config
+    else:
+        name, cfg = infer_model(sd, source=str(path))
+    got = file_sha256(path)
+    want = _normalise_sha(sha256)
+    if want and got != want:
+        raise WeightsMismatchError(f"{path}: sha256 {got} differs from the requested {want}")
+    pin_state = pinned = None
+    if name in MODELS:
+        info = MODELS[name]
+        pin = pins.get_pin(info.filename)
+        if pin:
+            pinned = pin.sha256
+            pin_state = "matches" if pin.sha256 == got else "differs"
+            cached = cached_file(info.filename)
+            if pin_state == "differs" and not want and cached.exists() and cached.resolve() == path.resolve():
+                raise WeightsMismatchError(_mismatch_message(info, path, pin.sha256, got, requested=False))
+    params = sum(v.numel() for k, v in sd.items() if not k.endswith(".kernel"))
+    return VerifiedFile(path=path, model=name, config=cfg, sha256=got, params=params, entries=len(sd),
+                        pin=pin_state, pinned_sha256=pinned)
+
+
+def match_model(sd: dict) -> tuple[str, GPENConfig] | None:
+    """Registry name (or a description of a custom config) whose keys and shapes all match `sd`, else None."""
+    shapes = {k: tuple(v.shape) for k, v in sd.items()}
+    for info in MODELS.values():
+        if expected_shapes(info.config) == shapes:
+            return info.name, info.config
+    cfg = _derive_config(shapes)
+    if cfg is not None and expected_shapes(cfg) == shapes:
+        return f"custom GPEN ({describe_config(cfg)})", cfg
+    return None
+
+
+def infer_model(sd: dict, source: str = "checkpoint") -> tuple[str, GPENConfig]:
+    """Like `match_model`, but a file that matches nothing raises CheckpointError naming the closest model."""
+    found = match_model(sd)
+    if found is not None:
+        return found
+    shapes = {k: tuple(v.shape) for k, v in sd.items()}
+
+    def distance(info: ModelInfo) -> int:
+        return len(set(expected_shapes(info.config).items()) ^ set(shapes.items()))
+
+    best = min(MODELS.values(), key=distance)
+    want = expected_shapes(best.config)
+    missing = sum(k not in shapes for k in want)
+    unexpected = sum(k not in want for k in shapes)
+    wrong = sum(k in shapes and shapes[k] != v for k, v in want.items())
+    raise CheckpointError(
+        f"{source}: matches no known GPEN model ({len(shapes)} entries; closest is {best.name} with {missing} "
+        f"missing keys, {unexpected} unexpected keys, {wrong} wrong shapes); is it a GPEN generator checkpoint?"
+    )
+
+
+@lru_cache(maxsize=16)
+def expected_shapes(cfg: GPENConfig) -> dict[str, tuple[int, ...]]:
+    """Cached key -> shape table of `cfg` (building the module tree, even on 'meta', is not free)."""
+    return _expected_shapes(cfg)
+
+
+def _derive_config(shapes: dict[str, tuple[int, ...]]) -> GPENConfig | None:
+    """Guess (size, channel_multiplier, narrow) of a non-registry GPEN from a few telltale shapes."""
+    try:
+        n_ecd = 1 + max(int(k[3:].split(".")[0]) for k in shapes if k.startswith("ecd"))
+        size = 2 ** (n_ecd + 1)
+        if size > 8192:
+            return None
+        narrow = shapes["generator.input.input"][1] / 512
+        c_size = shapes["ecd0.0.0.weight"][0]
+    except (KeyError, ValueError, IndexError):
+        return None
+    for cm in (1, 2, 4):
+        try:
+            cfg = GPENConfig(size, channel_multiplier=cm, narrow=narrow)
+        except ValueError:
+            return None
+        if cfg.channels.get(size) == c_size:
+            return cfg
+    return None
+
+
+def missing_message(info: ModelInfo, problem: str, url: str | None = None) -> str:
+    """One line: the file, what went wrong, where to get it and the exact path to put it at."""
+    dest = cached_file(info.filename)
+    msg = (f"{info.filename} {problem}. Download {url or info.urls[0]} yourself and put it at {dest} "
+           f"(or run `gpen-tune weights download {info.name} --file PATH`, or pass --weights PATH)")
+    if "modelscope" in info.source_note.lower():
+        msg += f"; {info.name} is {info.source_note}"
+    return msg
+
+
+def _mismatch_message(info: ModelInfo, where: str | Path, expected: str, got: str, *, requested: bool,
+                      saved: bool = True) -> str:
+    kind = "requested" if requested else f"pinned (first verified file, see {pins.pins_path()})"
+    fix = (f"if this file is the one you want, pin it with `gpen-tune weights download {info.name} --sha256 {got}`"
+           if not requested else "check the hash you passed with --sha256")
+    state = "refused" if saved else "refused, nothing written to the cache"
+    return f"{where}: sha256 {got} differs from the {kind} {expected} for {info.filename}: {state}; {fix}"
+
+
+def _normalise_sha(sha256: str | None) -> str | None:
+    if not sha256:
+        return None
+    s = sha256.strip().lower()
+    if len(s) != 64 or any(c not in "0123456789abcdef" for c in s):
+        raise ValueError(f"--sha256 must be 64 hex digits, got {sha256!r}")
+    return s
+
+
+__all__ = [
+    "VerifiedFile", "WeightsDownloadError", "WeightsMismatchError", "WeightsNotFoundError", "WeightsStatus",
+    "cache_dir", "ensure_weights", "import_weights", "infer_model", "list_weights", "match_model", "missing_message",
+    "verify_checkpoint", "verify_file",
+]
