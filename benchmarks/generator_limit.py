@@ -126,9 +126,11 @@ def plan(quick: bool, tiny: bool) -> list[tuple[str, str, tuple[int, ...]]]:
 # inputs
 
 
-def face_inputs(size: int, n: int) -> tuple[torch.Tensor, str]:
+def face_inputs(size: int, n: int, source: str = "auto") -> tuple[torch.Tensor, str]:
     """[n, 3, S, S] in [-1, 1]: real aligned face crops if the pipeline part provides them, else astronaut crops."""
     try:
+        if source == "astronaut":
+            raise RuntimeError("--inputs astronaut")
         from gpen_tune.face.samples import aligned_face_crops
 
         crops = aligned_face_crops(size, n)
@@ -136,7 +138,8 @@ def face_inputs(size: int, n: int) -> tuple[torch.Tensor, str]:
             t = torch.from_numpy(crops).permute(0, 3, 1, 2).float() / 127.5 - 1.0
             reps = math.ceil(n / t.shape[0])
             return t.repeat(reps, 1, 1, 1)[:n].contiguous(), (
-                f"gpen_tune.face.samples.aligned_face_crops({size}, {n}): {len(crops)} real aligned faces")
+                f"gpen_tune.face.samples.aligned_face_crops({size}, {n}): {len(crops)} crops of real faces "
+                "(the detector's finds in the bundled photos, repeated to n)")
     except Exception as e:  # the pipeline part may not be merged yet
         why = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
     else:
@@ -446,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop starting rows after this many seconds (380; 100 with --quick)")
     ap.add_argument("--target-s", type=float, default=None, help="timed seconds per row (0.4 / 0.25 quick)")
+    ap.add_argument("--inputs", choices=("auto", "astronaut"), default="auto",
+                    help="auto: gpen_tune.face.samples.aligned_face_crops when importable, else astronaut crops")
     ap.add_argument("--n-ref", type=int, default=16, help="distinct faces (reference outputs) per model")
     ap.add_argument("--no-cudnn-benchmark", action="store_true")
     args = ap.parse_args(argv)
@@ -514,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
             weights = args.weights if (args.weights and key == "main") else "synthetic"
             master = load_model(weights, model=cfg, device="cpu")
             n_ref = args.n_ref if cfg.size <= 512 else max(2, args.n_ref // 4)
-            inputs, source = face_inputs(cfg.size, n_ref)
+            inputs, source = face_inputs(cfg.size, n_ref, args.inputs)
             payload["inputs"][label] = source
             inputs = inputs.to(device)
             t0 = time.perf_counter()

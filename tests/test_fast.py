@@ -73,8 +73,9 @@ LEVERS = [
 ]
 
 
-@pytest.mark.parametrize("size", [32, 64])
-@pytest.mark.parametrize("flags", LEVERS, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()) or "default")
+@pytest.mark.parametrize(("size", "flags"), [(32, f) for f in LEVERS] + [(64, LEVERS[0]), (64, LEVERS[-1])],
+                         ids=lambda v: v if isinstance(v, int) else (",".join(f"{k}={x}" for k, x in v.items())
+                                                                     or "default"))
 def test_fused_fp32_matches_model(tiny_models, size, flags):
     model = tiny_models[size]
     x = faces(size, 3)
@@ -129,6 +130,25 @@ def test_half_fused_holds_40db(tiny_models, dtype):
     assert psnr(got, want) >= 40.0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_zero_style_channel_stays_finite_and_exact(dtype):
+    """A style exactly 0 on a channel the buffer is pre-scaled by: ToRGB's s_rgb / s_next must not blow up."""
+    model = load_model("synthetic", model=TINY[32])
+    mod = model.generator.convs[2].conv.modulation     # the style that scales the buffer ToRGB 8 px reads
+    with torch.no_grad():
+        mod.weight[:3] = 0
+        mod.bias[:3] = 0
+    x = faces(32, 2)
+    with torch.no_grad():
+        want = model(x)
+        got = fuse(model, dtype)(x)
+    assert bool(torch.isfinite(got).all())
+    if dtype == torch.float32:
+        assert float((got - want).abs().max()) <= FP32_TOL
+    else:
+        assert psnr(got, want) >= 40.0
+
+
 def test_options_are_checked(tiny_models):
     with pytest.raises(ValueError, match="enc_blur"):
         FastOptions(enc_blur="nope")
@@ -146,6 +166,20 @@ def test_fuse_keeps_the_source_model_untouched(tiny_models):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     fuse(model, torch.bfloat16, enc_blur="fold")
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_fused_module_shares_no_storage_with_the_source():
+    """The tune part casts the source model to half after fuse() (NaN-fallback template): no aliasing allowed."""
+    from gpen_tune.tune.amp import cast_model
+
+    model = load_model("synthetic", model=TINY[32])
+    x = faces(32, 1)
+    fast = fuse(model)
+    with torch.no_grad():
+        before = fast(x)
+        cast_model(model, torch.bfloat16)
+        after = fast(x)
+    assert torch.equal(before, after)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -204,9 +238,10 @@ def test_folded_encoder_kernel_equals_blur_then_conv():
 
 
 def test_safe_style_floor_keeps_sign_and_value():
-    s = torch.tensor([0.0, 1e-30, -1e-30, 0.5, -2.0])
-    out = E.safe_style(s)
-    assert torch.equal(out, torch.tensor([1e-20, 1e-20, -1e-20, 0.5, -2.0]))
+    s = torch.tensor([[0.0, 1e-30, -1e-30, 0.5, -2.0]])
+    assert torch.equal(E.safe_style(s), torch.tensor([[1e-20, 1e-20, -1e-20, 0.5, -2.0]]))
+    rel = E.safe_style(s, rel=0.25)                          # floor 0.25 * 2.0 = 0.5
+    assert torch.equal(rel, torch.tensor([[0.5, 0.5, -0.5, 0.5, -2.0]]))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -312,7 +347,7 @@ def test_benchmark_script_tiny_cpu(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, str(ROOT / "benchmarks" / "generator_limit.py"), "--device", "cpu", "--model", "tiny",
            "--out", str(tmp_path), "--variants", "fused_bf16_torch,fused_bf16_triton", "--target-s", "0.01",
-           "--n-ref", "2"]
+           "--n-ref", "2", "--batches", "1", "--inputs", "astronaut"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     files = list(tmp_path.glob("generator_limit_*.json"))
@@ -326,5 +361,5 @@ def test_benchmark_script_tiny_cpu(tmp_path):
         if r["variant"] == "fused_bf16_torch":
             assert r["psnr_db"] >= 40.0
     assert all(r["status"] == "skipped" for r in data["rows"] if r["variant"] == "fused_bf16_triton")
-    assert "astronaut" in data["inputs"]["tiny-32"] or "aligned_face_crops" in data["inputs"]["tiny-32"]
+    assert data["inputs"]["tiny-32"].startswith("skimage astronaut")
     assert "TARGETS" in proc.stdout

@@ -24,13 +24,18 @@ NEG_SLOPE = 0.2
 STYLE_FLOOR = 1e-20
 
 
-def safe_style(s: torch.Tensor) -> torch.Tensor:
-    """s with |s| >= 1e-20 (sign kept, 0 -> +1e-20).
+def safe_style(s: torch.Tensor, rel: float = 0.0) -> torch.Tensor:
+    """s with |s| >= max(1e-20, rel * max_c |s[b, c]|) per row (sign kept, 0 -> +floor).
 
-    The buffer holds act * s_next, and ToRGB divides by s_next to undo it; the floor keeps that division finite.
-    Replacing a |s| < 1e-20 by 1e-20 changes the next conv's input by < 1e-20 * |act|: far below any rounding.
+    The buffer holds act * s_next and ToRGB divides by s_next to undo it; the floor keeps that division finite and,
+    in fp16 (rel = 2**-10), keeps act * s_next above fp16's underflow so ToRGB still sees the channel. Raising a
+    |s| below the floor changes the next conv's input by < floor * |act|: 1e-20 is far below any rounding; the
+    fp16 floor is at fp16's own relative precision against the row's largest style.
     """
-    return torch.where(s >= 0, s.clamp(min=STYLE_FLOOR), s.clamp(max=-STYLE_FLOOR))
+    floor = torch.full_like(s[:, :1], STYLE_FLOOR)
+    if rel > 0:
+        floor = torch.maximum(floor, s.abs().amax(dim=1, keepdim=True) * rel)
+    return torch.where(s >= 0, torch.maximum(s, floor), torch.minimum(s, -floor))
 
 
 def separable_taps(kernel: torch.Tensor) -> tuple[list[float], list[float]]:

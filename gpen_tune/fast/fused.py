@@ -210,6 +210,9 @@ class FusedGenerator(nn.Module):
             h = fb if want_blur else f
         return feats
 
+    def extra_repr(self) -> str:
+        return f"size={self.size}, dtype={self.dtype}, {self.opts}"
+
     def _apply(self, fn, *args, **kwargs):
         self._use_triton = None  # .to(device) may change which epilogue can run
         return super()._apply(fn, *args, **kwargs)
@@ -230,7 +233,9 @@ class FusedGenerator(nn.Module):
     def _to_rgb(self, buf: torch.Tensor, rgb: _ToRGB, s_rgb: torch.Tensor, s_buf: torch.Tensor,
                 skip: torch.Tensor | None) -> torch.Tensor:
         bsz, c2, h, w = buf.shape
-        wt = (rgb.weight[None] * (s_rgb / s_buf)[:, :, None]).to(buf.dtype)   # [B, 2C, 3]
+        wt = rgb.weight[None] * (s_rgb / s_buf)[:, :, None]                    # [B, 2C, 3] fp32
+        big = torch.finfo(buf.dtype).max                # a near-zero s_next must not overflow fp16 weights
+        wt = wt.clamp(-big, big).to(buf.dtype)
         if buf.is_contiguous(memory_format=torch.channels_last):
             a = buf.permute(0, 2, 3, 1).reshape(bsz, h * w, c2)
             out = _bmm_f32(a, wt).view(bsz, h, w, 3).permute(0, 3, 1, 2)
@@ -253,7 +258,10 @@ class FusedGenerator(nn.Module):
         n_conv = len(self.layers)
         s_all = torch.split(styles, self.mod_sizes, dim=1)
         sq_all = torch.split(styles.square(), self.mod_sizes, dim=1)
-        safe_all = torch.split(E.safe_style(styles), self.mod_sizes, dim=1)
+        if self.dtype == torch.float16:                                     # per-layer relative floor (see safe_style)
+            safe_all = tuple(E.safe_style(t, rel=2.0**-10) for t in s_all)
+        else:
+            safe_all = torch.split(E.safe_style(styles), self.mod_sizes, dim=1)
         s_conv, s_rgb = s_all[:n_conv], s_all[n_conv:]
         dt = self.dtype
 
