@@ -1,8 +1,9 @@
-"""--fused: hand the generator to `gpen_tune.fast.fuse`, the fused fast kernels (issue 6, another module's work).
+"""--fused: hand the generator to `gpen_tune.fast.fuse`, the fused fast path (gpen_tune/fast/NOTES.md).
 
-What changes: `fuse(model, dtype)` returns a module with FullGenerator's forward contract built from the (already
-cast) weights: transposed conv + FIR folded into one conv, bias + activation + gain fused, the noise concat avoided
-by splitting weights. Imported only when the switch is on.
+What changes: `fuse(model, dtype)` returns a module with FullGenerator's forward contract built from the fp32
+weights: style-independent weight transforms precomputed, channels-last, and after every conv one Triton pass
+(FIR blur, demodulation, bias, leaky ReLU, gain, the encoder-feature half of the concat, the next conv's style
+scaling), ToRGB as a per-sample 1x1 matmul. Imported only when the switch is on.
 Tolerance: max-abs <= 1e-3 vs the unfused module in fp32 (fast's own tests hold it to that).
 Fallback: gpen_tune.fast missing or failing -> the unfused module, recorded in the restorer's fallbacks.
 """
