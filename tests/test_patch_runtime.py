@@ -185,8 +185,11 @@ def test_patched_generator_switches_on_a_gpu(kind, tmp_path):
         pytest.skip("needs a CUDA GPU")
     patched = copy_checkout(kind, tmp_path / "patched")
     plan_apply(patched).commit()
+    # the ops modules decide at import whether to JIT-build the CUDA extension: ask for the pure-PyTorch path
+    # (the fixture ships no C++ sources, and building upstream's takes minutes and a matching host compiler)
+    env = {**os.environ, "GPEN_TUNE_OPS": "torch"}
     proc = subprocess.run([PY, "-c", GENERATOR_DRIVER, str(patched), str(tmp_path / "gpu.npz"),
-                           json.dumps(GPU_CONFIGS), "cuda"], capture_output=True, text=True, timeout=600)
+                           json.dumps(GPU_CONFIGS), "cuda"], capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "running without it" not in proc.stderr               # the CUDA graph was captured, not skipped
     with np.load(tmp_path / "gpu.npz") as got:
