@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The H200 session behind benchmarks/results/: every GPU figure in the README comes from one of these commands.
+# Run from the repository root on the GPU machine; results go to $OUT (or benchmarks/results).
+#   benchmarks/h200_session.sh part1   # GPU tests, generator limit (quick), bench GPEN-BFR-512 and -256   (~9 min)
+#   benchmarks/h200_session.sh part2   # end-to-end folder throughput, serial vs pipeline in one run        (~4 min)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+DEST=${OUT:-benchmarks/results}
+LOG="$DEST/session-${1:-part1}.log"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+step() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; }
+
+case "${1:-part1}" in
+  part1)
+    step "GPU tests"
+    timeout 90 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -15 >> "$LOG"
+    step "generator limit (quick)"
+    timeout 170 "$PY" benchmarks/generator_limit.py --quick --out "$DEST" 2>&1 | tail -25 >> "$LOG"
+    step "bench GPEN-BFR-512"
+    timeout 175 "$PY" -m gpen_tune.bench --model GPEN-BFR-512 --device cuda --batch-sizes 1,4,16 --repeats 6 \
+      --warmup 2 --max-minutes 2.6 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
+    step "bench GPEN-BFR-256"
+    timeout 110 "$PY" -m gpen_tune.bench --model GPEN-BFR-256 --device cuda --batch-sizes 1,4,16 --repeats 6 \
+      --warmup 2 --max-minutes 1.5 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
+    ;;
+  part2)
+    step "throughput GPEN-BFR-512, preset balanced"
+    timeout 270 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset balanced --images 320 --batch 32 \
+      --out "$DEST" 2>&1 | tail -40 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|part2" >&2; exit 2 ;;
+esac
+step "done"
+cat "$LOG"
