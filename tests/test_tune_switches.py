@@ -429,8 +429,8 @@ def test_cuda_graph_composes_with_compile_without_capturing_twice(mode):
 
 @pytest.mark.gpu
 @gpu
-def test_cudnn_search_pool_is_released_after_warmup():
-    torch.backends.cudnn.benchmark = True
+def test_cudnn_search_pool_is_released_after_warmup(monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)  # restored after the test (others need defaults)
     model = load_model("synthetic", model="GPEN-BFR-256", device="cuda")
     restore = build_restorer(model, TuneConfig(), "cuda")
     restore(face_batch(256, n=4).cuda())
