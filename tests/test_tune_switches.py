@@ -449,3 +449,21 @@ def test_fused_switch_uses_the_fast_module_built_from_fp32_weights(tiny_model, t
     assert half.model.ecd0[0][0].weight.dtype == torch.bfloat16  # the fallback template is cast after fusing
     assert half.reserve is not None and half.reserve.exact
     assert psnr(half(x), ref) >= 40.0
+
+
+def test_non_finite_check_is_one_reduction_and_never_misses():
+    from gpen_tune.tune.restorer import all_finite
+
+    x = torch.rand(2, 3, 16, 16) * 2 - 1
+    assert all_finite(x) and all_finite(x.bfloat16())
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        y = x.clone()
+        y[1, 2, 7, 3] = bad
+        assert not all_finite(y) and not all_finite(y.bfloat16())
+    y = x.clone()
+    y[0, 0, 0, 0], y[1, 1, 1, 1] = float("inf"), -float("inf")  # inf - inf = nan in the sum: still caught
+    assert not all_finite(y)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        all_finite(x)
+    ops = {e.key for e in prof.key_averages()}
+    assert "aten::sum" in ops and "aten::isfinite" not in ops and "aten::all" not in ops
