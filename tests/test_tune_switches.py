@@ -22,7 +22,7 @@ from gpen_tune.model.layers import (
     ToRGB,
 )
 from gpen_tune.model.load import load_model
-from gpen_tune.tune import TuneConfig, act_checkpoint, build_restorer, cuda_graph, face_crop, lazy_detector
+from gpen_tune.tune import TuneConfig, act_checkpoint, amp, build_restorer, cuda_graph, face_crop, lazy_detector
 from gpen_tune.tune.live_memory import generator_activation_peak
 from gpen_tune.tune.restorer import Restorer
 from gpen_tune.tune.torch_compile import CompiledForward
@@ -467,3 +467,19 @@ def test_non_finite_check_is_one_reduction_and_never_misses():
         all_finite(x)
     ops = {e.key for e in prof.key_averages()}
     assert "aten::sum" in ops and "aten::isfinite" not in ops and "aten::all" not in ops
+
+
+def test_amp_casts_the_blur_kernels_once_not_per_call(tiny_model, tiny_ref):
+    from gpen_tune.model.layers import Blur, Upsample
+
+    x, _ = tiny_ref
+    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), "cpu")
+    kinds = {(type(m).__name__, m.kernel.dtype) for m in restore.model.modules() if isinstance(m, Blur | Upsample)}
+    assert kinds == {("Blur", torch.bfloat16), ("Upsample", torch.float32)}  # Upsample filters the fp32 RGB skip
+    per_call = copy.deepcopy(tiny_model)          # what ran before: half weights, fp32 kernels cast on every call
+    keep = amp.fp32_islands(per_call)
+    for p in per_call.parameters():
+        if id(p) not in keep:
+            p.data = p.data.bfloat16()
+    with torch.no_grad():
+        assert torch.equal(restore(x), per_call(x).float())
