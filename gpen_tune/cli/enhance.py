@@ -378,7 +378,8 @@ def _tune_summary(cfg, restorer) -> dict | None:
     data = {"requested": asdict(cfg), "describe": cfg.describe(), "effective": None, "fallbacks": [],
             "skipped": {}, "notes": [], "fp32_reruns": 0, "max_batch": None}
     if restorer is not None:
-        data.update(effective=asdict(restorer.effective), fallbacks=list(restorer.fallbacks),
+        data.update(effective=asdict(restorer.effective), effective_describe=restorer.effective.describe(),
+                    fallbacks=list(restorer.fallbacks),
                     skipped=dict(restorer.skipped), notes=list(restorer.notes), fp32_reruns=restorer.fp32_reruns,
                     max_batch=restorer.max_batch,
                     warmup_s={f"bs{k[0]}": round(v, 3) for k, v in restorer.warmup_seconds.items()})
@@ -399,7 +400,8 @@ def _print_summary(summary: dict, jobs) -> None:
     table.add_row("images/s · faces/s", f"{summary['images_per_s'] or 0:.2f} · {summary['faces_per_s'] or 0:.2f}")
     tune = summary.get("tune")
     if tune:
-        table.add_row("optimizations", tune["describe"])
+        ran = tune.get("effective_describe") or tune["describe"]
+        table.add_row("optimizations", ran if ran == tune["describe"] else f"{ran} (asked: {tune['describe']})")
         for msg in tune["fallbacks"]:
             table.add_row("[yellow]fallback[/]", msg)
     out.print(table)
@@ -410,7 +412,8 @@ def print_stage_table(stages: dict[str, dict]) -> None:
     """Per stage: total s, ms per image, ms per face (stages overlap when the pipelined runner is used)."""
     from rich.table import Table
 
-    table = Table(title="per-stage timings", show_header=True, header_style="bold")
+    table = Table(title="per-stage timings", show_header=True, header_style="bold",
+                  caption="stage time summed over images (the pipelined runner overlaps stages; wall time above)")
     for col in ("stage", "total s", "ms / image", "ms / face"):
         table.add_column(col, justify="left" if col == "stage" else "right")
 
