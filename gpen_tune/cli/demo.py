@@ -53,6 +53,10 @@ def demo(
         "gpen-tune-demo"),
     model: Annotated[str, typer.Option(help="GPEN model.")] = "GPEN-BFR-512",
     device: Annotated[str, typer.Option(help="auto | cuda | cpu | mps.")] = "auto",
+    weights: Annotated[str | None, typer.Option(help="Weights file, registry name or 'synthetic' (default: the "
+                                                "official file, cached or downloaded, else synthetic).")] = None,
+    detector: Annotated[str, typer.Option(help="auto | retinaface_resnet50 | retinaface_mobile0.25 | mtcnn.")]
+    = "auto",
     preset: Annotated[Preset, typer.Option("--preset", help="Optimization preset (see `enhance --help`); auto "
                                            "picks from free GPU memory.", case_sensitive=False)] = Preset.auto,
 ) -> None:
@@ -63,11 +67,12 @@ def demo(
     results = output / "results"
     check_output_dir(results)
     inputs = write_bundled_photos(output / "inputs")
-    weights = official_weights_or_synthetic(model)
+    weights = weights or official_weights_or_synthetic(model)
     try:
         dev = resolve_device(device, notice)
         cfg, line = tune_config_from_options(preset, device=dev.type)
-        settings = EnhanceSettings(model=model, weights=weights, device=str(dev), batch_size=default_batch_size(dev))
+        settings = EnhanceSettings(model=model, weights=weights, device=str(dev), detector=detector,
+                                   batch_size=default_batch_size(dev))
     except (ValueError, RuntimeError) as e:
         raise fail(str(e)) from None
     out.print(f"demo: {len(inputs)} bundled photos -> {results}")
