@@ -64,6 +64,11 @@ def _detector(row: dict) -> str:
     return f"{d['restore_peak_allocated_mib']:,.0f}" + (" (released)" if d["released"] else " (resident)")
 
 
+def _cell(text: str) -> str:
+    """One markdown table cell: no line breaks, pipes escaped (error reasons carry both)."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
 def _precision(meta: dict) -> str:
     """How the fp32 default row really computes (TF32 tensor cores or true fp32)."""
     if meta["device_type"] != "cuda":
@@ -89,7 +94,8 @@ def markdown_table(result: dict) -> str:
     ]
     for row in result["rows"]:
         if row["status"] != "ok":
-            lines.append(f"| {row['label']} | {row['status']}: {row['reason']} |  |  |  |  |  |  |  |  |  |")
+            lines.append(f"| {_cell(row['label'])} | {row['status']}: {_cell(row['reason'])} "
+                         "|  |  |  |  |  |  |  |  |  |")
             continue
         best = str(row["best_batch"])
         a1, r1 = _mem(row, "1")
@@ -97,7 +103,8 @@ def markdown_table(result: dict) -> str:
         q, m = _quality(row)
         notes = " ⚠ " + "; ".join(row["fallbacks"]) if row["fallbacks"] else ""
         lines.append(
-            f"| {row['label']}{notes} | {_num(row['ms_per_face_bs1'])} | {row['best_faces_per_s']:.1f} (bs {best}) "
+            f"| {_cell(row['label'] + notes)} | {_num(row['ms_per_face_bs1'])} "
+            f"| {row['best_faces_per_s']:.1f} (bs {best}) "
             f"| {a1} / {ab} | {r1} / {rb} | {_stability(row, '4')} | {_stability(row, '16')} | {q} | {m} "
             f"| {row['warmup_s_total']:.1f} | {_detector(row)} |")
     lines += ["", f"Command: `{meta['command']}`", ""]
