@@ -102,6 +102,32 @@ def test_bench_writes_json_markdown_and_png(bench_run):
     with Image.open(next(out.glob("*.png"))) as png:
         assert png.format == "PNG" and png.size[0] > 500
     assert "skip cuda_graph" in result.output  # says why on the console too
+    assert meta["complete"] is True and meta["tf32"] == "PyTorch defaults"
+    for key in ("cudnn_allow_tf32", "matmul_allow_tf32", "float32_matmul_precision"):
+        assert key in meta
+    assert "fp32 default: fp32" in md and "Partial" not in md
+
+
+def test_every_finished_row_is_on_disk_before_the_next_one_starts(crops_dir, tmp_path):
+    """A run killed by an outer timeout keeps what it finished: JSON + markdown after every row (atomic)."""
+    from gpen_tune.bench import BenchSettings, run_bench, write_outputs
+
+    seen: list[tuple[list[str], bool, str]] = []
+
+    def after_row(partial):
+        paths = write_outputs(partial, tmp_path, png=False)
+        on_disk = json.loads(paths["json"].read_text())
+        seen.append(([r["name"] for r in on_disk["rows"]], on_disk["meta"]["complete"], paths["md"].read_text()))
+
+    settings = BenchSettings(model="tiny32", device="cpu", inputs=str(crops_dir), batch_sizes=(1,), repeats=1,
+                             warmup=0, rows=["default", "cuda_graph", "act_checkpoint"], tf32=False)
+    before = torch.backends.cudnn.allow_tf32
+    final = run_bench(settings, log=lambda _: None, on_progress=after_row)
+    assert [names for names, _, _ in seen] == [["default"], ["default", "cuda_graph", "act_checkpoint"]]
+    assert not any(done for _, done, _ in seen) and "Partial" in seen[0][2]
+    assert final["meta"]["complete"] and final["meta"]["tf32"] == "off (--no-tf32)"
+    assert final["meta"]["cudnn_allow_tf32"] is False and final["meta"]["float32_matmul_precision"] == "highest"
+    assert torch.backends.cudnn.allow_tf32 == before  # the flags are restored after the run
 
 
 def test_bench_bad_inputs_fail_with_one_line_and_write_nothing(tmp_path):

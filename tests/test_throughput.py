@@ -402,12 +402,16 @@ def test_cuda_pinned_path_equals_serial_restore():
     model = load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cuda")
     enh = Enhancer(EnhanceSettings(device="cuda", detector="mtcnn"), model=model)
     crops = list(samples.aligned_face_crops(64, 8))
-    want = enh.restore_crops(crops)
+    want = enh.restore_crops(crops).astype(int)
     restorer = CropRestorer(enh.restore_fn, "cuda", 64, max_batch=8)
     first = restorer.submit(crops)
-    second = restorer.submit(crops[:4])              # two batches in flight on the pinned double buffer
-    assert np.array_equal(np.stack(first.result()), want)
-    assert np.array_equal(np.stack(second.result()), want[:4])
+    second = restorer.submit(crops[4:])              # two batches in flight on the pinned double buffer
+    # different batch sizes pick different cuDNN algorithms (and TF32 is on for fp32 convs by default): the
+    # pinned path must match within the pipeline's tolerance, not bit for bit. The two batches hold different
+    # faces, so a buffer handed to the wrong batch is far outside it.
+    assert np.abs(want[:4] - want[4:]).max() > 10 * TOLERANCE
+    assert np.abs(np.stack(first.result()).astype(int) - want).max() <= TOLERANCE
+    assert np.abs(np.stack(second.result()).astype(int) - want[4:]).max() <= TOLERANCE
     assert restorer.times.generator_s > 0
     from gpen_tune.throughput.gpu_paste import DeviceFace, paste_faces_device
 

@@ -22,7 +22,7 @@ from gpen_tune.model.layers import (
     ToRGB,
 )
 from gpen_tune.model.load import load_model
-from gpen_tune.tune import TuneConfig, act_checkpoint, build_restorer, cuda_graph, face_crop, lazy_detector
+from gpen_tune.tune import TuneConfig, act_checkpoint, amp, build_restorer, cuda_graph, face_crop, lazy_detector
 from gpen_tune.tune.live_memory import generator_activation_peak
 from gpen_tune.tune.restorer import Restorer
 from gpen_tune.tune.torch_compile import CompiledForward
@@ -363,9 +363,22 @@ def test_all_cpu_switches_together_stay_within_tolerance(tiny_model, tiny_ref):
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
+@pytest.fixture
+def no_tf32():
+    """Full fp32 convs and matmuls for the test, PyTorch's settings restored afterwards.
+
+    With TF32 (cuDNN's default for fp32 convs) eager and graph replay may pick different algorithms and differ by
+    ~1e-3 relative; in true fp32 a replay of the captured module must match eager to 1e-3.
+    """
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 @pytest.mark.gpu
 @gpu
-def test_cuda_graph_replays_the_right_outputs_for_changing_inputs():
+def test_cuda_graph_replays_the_right_outputs_for_changing_inputs(no_tf32):
     model = load_model("synthetic", model="GPEN-BFR-256", device="cuda")
     x = face_batch(256, n=3).cuda()
     with torch.no_grad():
@@ -377,6 +390,7 @@ def test_cuda_graph_replays_the_right_outputs_for_changing_inputs():
     c = restore(x)  # batch 3 padded to bucket 4
     assert (a - ref[:1]).abs().max() < 1e-3 and (b - ref[1:2]).abs().max() < 1e-3
     assert (c - ref).abs().max() < 1e-3
+    assert (a - b).abs().max() > 1e-1  # different faces through one graph: different outputs (a stale replay fails)
     assert len(restore.forward.graphs) == 2
 
 
@@ -415,8 +429,8 @@ def test_cuda_graph_composes_with_compile_without_capturing_twice(mode):
 
 @pytest.mark.gpu
 @gpu
-def test_cudnn_search_pool_is_released_after_warmup():
-    torch.backends.cudnn.benchmark = True
+def test_cudnn_search_pool_is_released_after_warmup(monkeypatch):
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)  # restored after the test (others need defaults)
     model = load_model("synthetic", model="GPEN-BFR-256", device="cuda")
     restore = build_restorer(model, TuneConfig(), "cuda")
     restore(face_batch(256, n=4).cuda())
@@ -435,3 +449,37 @@ def test_fused_switch_uses_the_fast_module_built_from_fp32_weights(tiny_model, t
     assert half.model.ecd0[0][0].weight.dtype == torch.bfloat16  # the fallback template is cast after fusing
     assert half.reserve is not None and half.reserve.exact
     assert psnr(half(x), ref) >= 40.0
+
+
+def test_non_finite_check_is_one_reduction_and_never_misses():
+    from gpen_tune.tune.restorer import all_finite
+
+    x = torch.rand(2, 3, 16, 16) * 2 - 1
+    assert all_finite(x) and all_finite(x.bfloat16())
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        y = x.clone()
+        y[1, 2, 7, 3] = bad
+        assert not all_finite(y) and not all_finite(y.bfloat16())
+    y = x.clone()
+    y[0, 0, 0, 0], y[1, 1, 1, 1] = float("inf"), -float("inf")  # inf - inf = nan in the sum: still caught
+    assert not all_finite(y)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        all_finite(x)
+    ops = {e.key for e in prof.key_averages()}
+    assert "aten::sum" in ops and "aten::isfinite" not in ops and "aten::all" not in ops
+
+
+def test_amp_casts_the_blur_kernels_once_not_per_call(tiny_model, tiny_ref):
+    from gpen_tune.model.layers import Blur, Upsample
+
+    x, _ = tiny_ref
+    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), "cpu")
+    kinds = {(type(m).__name__, m.kernel.dtype) for m in restore.model.modules() if isinstance(m, Blur | Upsample)}
+    assert kinds == {("Blur", torch.bfloat16), ("Upsample", torch.float32)}  # Upsample filters the fp32 RGB skip
+    per_call = copy.deepcopy(tiny_model)          # what ran before: half weights, fp32 kernels cast on every call
+    keep = amp.fp32_islands(per_call)
+    for p in per_call.parameters():
+        if id(p) not in keep:
+            p.data = p.data.bfloat16()
+    with torch.no_grad():
+        assert torch.equal(restore(x), per_call(x).float())

@@ -64,13 +64,28 @@ def _detector(row: dict) -> str:
     return f"{d['restore_peak_allocated_mib']:,.0f}" + (" (released)" if d["released"] else " (resident)")
 
 
+def _cell(text: str) -> str:
+    """One markdown table cell: no line breaks, pipes escaped (error reasons carry both)."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _precision(meta: dict) -> str:
+    """How the fp32 default row really computes (TF32 tensor cores or true fp32)."""
+    if meta["device_type"] != "cuda":
+        return "fp32"
+    conv = "TF32 convs" if meta.get("cudnn_allow_tf32") else "fp32 convs"
+    mm = "TF32 matmuls" if meta.get("matmul_allow_tf32") else "fp32 matmuls"
+    return f"{conv}, {mm} ({meta.get('tf32', 'PyTorch defaults')})"
+
+
 def markdown_table(result: dict) -> str:
     """The README table: one line per row; skipped rows say why."""
     meta = result["meta"]
     lines = [
         f"**{meta['model']}** on {meta.get('device_name', meta['device_type'])}, torch {meta['torch']}"
         f"{' / CUDA ' + meta['cuda'] if meta.get('cuda') and meta['device_type'] == 'cuda' else ''}, "
-        f"{meta['faces']} real face crops ({meta['inputs']}), {meta['date']}.",
+        f"{meta['faces']} real face crops ({meta['inputs']}), {meta['date']}. fp32 default: {_precision(meta)}."
+        + ("" if meta.get("complete", True) else " **Partial: the run has not finished (rows so far).**"),
         "",
         "| row | ms/face bs1 | faces/s (best bs) | peak alloc MiB bs1 / best | peak reserved MiB bs1 / best "
         "| bs4 rel IQR / max-abs vs bs1 | bs16 rel IQR / max-abs vs bs1 | PSNR dB vs fp32 | max-abs vs fp32 "
@@ -79,7 +94,8 @@ def markdown_table(result: dict) -> str:
     ]
     for row in result["rows"]:
         if row["status"] != "ok":
-            lines.append(f"| {row['label']} | {row['status']}: {row['reason']} |  |  |  |  |  |  |  |  |  |")
+            lines.append(f"| {_cell(row['label'])} | {row['status']}: {_cell(row['reason'])} "
+                         "|  |  |  |  |  |  |  |  |  |")
             continue
         best = str(row["best_batch"])
         a1, r1 = _mem(row, "1")
@@ -87,7 +103,8 @@ def markdown_table(result: dict) -> str:
         q, m = _quality(row)
         notes = " ⚠ " + "; ".join(row["fallbacks"]) if row["fallbacks"] else ""
         lines.append(
-            f"| {row['label']}{notes} | {_num(row['ms_per_face_bs1'])} | {row['best_faces_per_s']:.1f} (bs {best}) "
+            f"| {_cell(row['label'] + notes)} | {_num(row['ms_per_face_bs1'])} "
+            f"| {row['best_faces_per_s']:.1f} (bs {best}) "
             f"| {a1} / {ab} | {r1} / {rb} | {_stability(row, '4')} | {_stability(row, '16')} | {q} | {m} "
             f"| {row['warmup_s_total']:.1f} | {_detector(row)} |")
     lines += ["", f"Command: `{meta['command']}`", ""]
@@ -130,13 +147,17 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(result: dict, outdir: str | Path) -> dict[str, Path]:
-    """Write <stem>.json, <stem>.md and <stem>.png into outdir; returns the paths."""
+def write_outputs(result: dict, outdir: str | Path, png: bool = True) -> dict[str, Path]:
+    """Write <stem>.json, <stem>.md (and <stem>.png) into outdir, each by atomic replace; returns the paths.
+
+    Called after every row too (partial results, meta.complete False): a killed run keeps its finished rows.
+    """
     outdir = Path(outdir)
     base = stem(result)
     paths = {"json": outdir / f"{base}.json", "md": outdir / f"{base}.md", "png": outdir / f"{base}.png"}
     text = json.dumps(result, indent=1, allow_nan=False)
     _atomic_write(paths["json"], lambda p: p.write_text(text + "\n"))
     _atomic_write(paths["md"], lambda p: p.write_text(markdown_table(result)))
-    _atomic_write(paths["png"], lambda p: plot(result, p))
+    if png:
+        _atomic_write(paths["png"], lambda p: plot(result, p))
     return paths

@@ -8,6 +8,13 @@ Per row: a fresh copy of the fp32 model on the device, `build_restorer(row confi
    peak allocated / reserved memory of the timed calls; max-abs of the batch output vs the same faces at batch 1;
 3. on CUDA with the pipeline present: detector + generator in one process (see detector_memory).
 A row whose switches do not apply on the device is skipped with the reason.
+
+`on_progress(result)` is called after every row with the rows so far (table order, `meta.complete` False), so
+the caller can write them: a run killed by an outer timeout keeps its finished rows.
+
+Precision of the fp32 default: PyTorch's defaults unless `tf32` is set (cuDNN convs may use TF32 tensor cores,
+matmuls do not); the flags in effect are recorded in meta (cudnn_allow_tf32, matmul_allow_tf32,
+float32_matmul_precision, tf32).
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ class BenchSettings:
     max_minutes: float | None = None       # rows left when the budget is spent are skipped (reason recorded)
     custom: TuneConfig | None = None       # an extra row from --preset / switch flags
     custom_label: str = "custom"
+    tf32: bool | None = None               # None = PyTorch's defaults (recorded); False = true fp32 convs/matmuls
     command: str = field(default_factory=lambda: " ".join(sys.argv))
 
 
@@ -76,6 +84,7 @@ def environment(device: torch.device) -> dict:
         # the fp32 default is PyTorch's default fp32: cuDNN convs may use TF32 tensor cores unless turned off
         "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
         "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "cudnn_benchmark": torch.backends.cudnn.benchmark,
     }
     if device.type == "cuda":
@@ -104,8 +113,32 @@ def skip_reason(row: Row, device: torch.device, explicit: bool) -> str | None:
     return None
 
 
-def run_bench(s: BenchSettings, log: Callable[[str], None] = print) -> dict:
-    """Run the benchmark; returns the JSON-ready result (write it with bench.report.write_outputs)."""
+def set_tf32(enabled: bool) -> None:
+    """TF32 for fp32 convs (cuDNN) and matmuls on or off."""
+    torch.backends.cudnn.allow_tf32 = enabled
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.set_float32_matmul_precision("high" if enabled else "highest")
+
+
+def run_bench(s: BenchSettings, log: Callable[[str], None] = print,
+              on_progress: Callable[[dict], None] | None = None) -> dict:
+    """Run the benchmark; returns the JSON-ready result (write it with bench.report.write_outputs).
+
+    `on_progress(partial_result)` after every row (see the module docstring). TF32 flags changed by `s.tf32`
+    are restored on return.
+    """
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+             torch.get_float32_matmul_precision())
+    if s.tf32 is not None:
+        set_tf32(s.tf32)
+    try:
+        return _run_bench(s, log, on_progress)
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved[:2]
+        torch.set_float32_matmul_precision(saved[2])
+
+
+def _run_bench(s: BenchSettings, log: Callable[[str], None], on_progress: Callable[[dict], None] | None) -> dict:
     device = torch.device(s.device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -129,7 +162,10 @@ def run_bench(s: BenchSettings, log: Callable[[str], None] = print) -> dict:
 
     result = {"schema": SCHEMA, "meta": {**environment(device), "command": s.command, "inputs": source,
                                          "faces": int(faces.shape[0]), "model": s.model, "size": gcfg.size,
-                                         "gflop_per_face": round(gcfg.flops_per_face() / 1e9, 1)},
+                                         "gflop_per_face": round(gcfg.flops_per_face() / 1e9, 1),
+                                         "tf32": ("PyTorch defaults" if s.tf32 is None
+                                                  else "on" if s.tf32 else "off (--no-tf32)"),
+                                         "complete": False},
               "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(s).items()},
               "rows": []}
     det_factory, det_label = None, "GPU memory only (CUDA)"
@@ -138,6 +174,7 @@ def run_bench(s: BenchSettings, log: Callable[[str], None] = print) -> dict:
         log(f"detector for the memory scenario: {det_label}")
     result["meta"]["detector"] = det_label
     started = time.perf_counter()
+    order = {r.name: i for i, r in enumerate(rows)}
     reference: torch.Tensor | None = None
     # the default row runs first (every other row's reference), compiled rows last: under --max-minutes a slow
     # compile can only cost compiled rows; the table keeps the requested order
@@ -154,6 +191,7 @@ def run_bench(s: BenchSettings, log: Callable[[str], None] = print) -> dict:
             log(f"skip {row.name}: {reason}")
             if shown:
                 result["rows"].append(_row_head(row) | {"status": "skipped", "reason": reason})
+                result["rows"].sort(key=lambda entry: order[entry["name"]])
             continue
         log(f"row {row.name}: {row.cfg.describe()}")
         try:
@@ -173,9 +211,12 @@ def run_bench(s: BenchSettings, log: Callable[[str], None] = print) -> dict:
             entry["max_abs"] = max_abs(outs, reference)
         if shown:
             result["rows"].append(entry)
-    order = {r.name: i for i, r in enumerate(rows)}
-    result["rows"].sort(key=lambda entry: order[entry["name"]])
+            result["rows"].sort(key=lambda entry: order[entry["name"]])
+            result["meta"]["seconds"] = round(time.perf_counter() - started, 1)
+            if on_progress is not None:
+                on_progress(result)
     result["meta"]["seconds"] = round(time.perf_counter() - started, 1)
+    result["meta"]["complete"] = True
     return result
 
 

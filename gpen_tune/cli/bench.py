@@ -85,6 +85,10 @@ def bench(
     cudnn_benchmark: Annotated[bool, typer.Option("--cudnn-benchmark/--no-cudnn-benchmark",
                                                   help="cuDNN algorithm search (upstream's detector turns it on).")]
     = True,
+    tf32: Annotated[bool | None, typer.Option("--tf32/--no-tf32", help="TF32 tensor cores for fp32 convs and "
+                                              "matmuls (default: PyTorch's defaults, recorded in the JSON: cuDNN "
+                                              "convs TF32, matmuls fp32). --no-tf32 makes the fp32 default row "
+                                              "true fp32.", show_default=False)] = None,
     max_minutes: Annotated[float | None, typer.Option("--max-minutes", help="Skip the rows left once this much "
                                                       "time has passed (recorded in the results).")] = None,
     preset: PresetOpt = None,
@@ -128,11 +132,20 @@ def bench(
         rows=[r.strip() for r in rows.split(",") if r.strip()] if rows else None, repeats=repeats, warmup=warmup,
         inputs=str(inputs) if inputs is not None else None, max_faces=max_faces, compile_mode=compile_mode.value,
         amp=amp_dtype.value, cudnn_benchmark=cudnn_benchmark, max_minutes=max_minutes, custom=custom,
-        custom_label=custom_label,
+        custom_label=custom_label, tf32=tf32,
         command=_command_line(ctx),
     )
+
+    def after_row(partial: dict) -> None:
+        """Every finished row on disk at once (JSON, markdown, plot): an outer timeout loses only the current row."""
+        try:
+            write_outputs(partial, output)
+        except (OSError, ValueError, RuntimeError) as e:  # a failed plot must not end the run; the JSON matters
+            err.print(f"[bold yellow]notice:[/] partial results not fully written ({e})", highlight=False)
+            write_outputs(partial, output, png=False)
+
     try:
-        result = run_bench(settings, log=lambda msg: err.print(msg, highlight=False))
+        result = run_bench(settings, log=lambda msg: err.print(msg, highlight=False), on_progress=after_row)
     except (InputError, ValueError, RuntimeError, FileNotFoundError) as e:
         raise fail(str(e)) from None
     paths = write_outputs(result, output)

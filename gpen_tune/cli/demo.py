@@ -14,6 +14,7 @@ import typer
 
 from gpen_tune.cli import app
 from gpen_tune.cli._console import fail, notice, out
+from gpen_tune.cli._options import Preset, tune_config_from_options
 
 
 def write_bundled_photos(folder: Path) -> list[Path]:
@@ -52,21 +53,31 @@ def demo(
         "gpen-tune-demo"),
     model: Annotated[str, typer.Option(help="GPEN model.")] = "GPEN-BFR-512",
     device: Annotated[str, typer.Option(help="auto | cuda | cpu | mps.")] = "auto",
+    weights: Annotated[str | None, typer.Option(help="Weights file, registry name or 'synthetic' (default: the "
+                                                "official file, cached or downloaded, else synthetic).")] = None,
+    detector: Annotated[str, typer.Option(help="auto | retinaface_resnet50 | retinaface_mobile0.25 | mtcnn.")]
+    = "auto",
+    preset: Annotated[Preset, typer.Option("--preset", help="Optimization preset (see `enhance --help`); auto "
+                                           "picks from free GPU memory.", case_sensitive=False)] = Preset.auto,
 ) -> None:
     """Restore the faces of bundled real photos and print the per-stage timings (works offline)."""
-    from gpen_tune.cli.enhance import check_output_dir, run_enhance
-    from gpen_tune.face.pipeline import EnhanceSettings
+    from gpen_tune.cli.enhance import check_output_dir, default_batch_size, run_enhance
+    from gpen_tune.face.pipeline import EnhanceSettings, resolve_device
 
     results = output / "results"
     check_output_dir(results)
     inputs = write_bundled_photos(output / "inputs")
-    weights = official_weights_or_synthetic(model)
+    weights = weights or official_weights_or_synthetic(model)
     try:
-        settings = EnhanceSettings(model=model, weights=weights, device=device)
-    except ValueError as e:
+        dev = resolve_device(device, notice)
+        cfg, line = tune_config_from_options(preset, device=dev.type)
+        settings = EnhanceSettings(model=model, weights=weights, device=str(dev), detector=detector,
+                                   batch_size=default_batch_size(dev))
+    except (ValueError, RuntimeError) as e:
         raise fail(str(e)) from None
     out.print(f"demo: {len(inputs)} bundled photos -> {results}")
+    out.print(f"optimizations: {line}", highlight=False, soft_wrap=True)
     code = run_enhance([(p, p.stem) for p in inputs], results, settings, ext=None, suffix="", name_pattern=
                        "{name}{suffix}.{ext}", report=output / "report.json", save_faces=False,
-                       save_comparison=True)
+                       save_comparison=True, tune=cfg)
     raise typer.Exit(code)

@@ -16,6 +16,17 @@ import typer
 
 from gpen_tune.cli import app
 from gpen_tune.cli._console import err, fail, notice, out
+from gpen_tune.cli._options import (
+    AmpOpt,
+    CheckpointOpt,
+    CompileOpt,
+    CudaGraphOpt,
+    FaceCropOpt,
+    FusedOpt,
+    LazyDetectorOpt,
+    PresetOpt,
+    tune_config_from_options,
+)
 
 IO_PANEL = "Inputs and outputs"
 FACE_PANEL = "Faces"
@@ -162,8 +173,9 @@ def enhance(
                                                 rich_help_panel=MODEL_PANEL)] = None,
     device: Annotated[DeviceChoice, typer.Option(help="auto = cuda > mps > cpu.",
                                                  rich_help_panel=MODEL_PANEL)] = DeviceChoice.auto,
-    batch_size: Annotated[int, typer.Option(min=1, help="Faces per generator call (across images).",
-                                            rich_help_panel=MODEL_PANEL)] = 8,
+    batch_size: Annotated[int | None, typer.Option(min=1, help="Faces per generator call (across images); "
+                                                   "default 32 on CUDA, 8 elsewhere.",
+                                                   rich_help_panel=MODEL_PANEL, show_default=False)] = None,
     detector: Annotated[DetectorChoice, typer.Option(help="auto: RetinaFace-R50 when its weights are cached or "
                                                      "downloadable, else the offline MTCNN.",
                                                      rich_help_panel=DETECT_PANEL)] = DetectorChoice.auto,
@@ -183,9 +195,17 @@ def enhance(
     serial: Annotated[bool, typer.Option("--serial", help="Process images one step at a time (the serial path) "
                                          "instead of the pipelined runner used for several inputs.",
                                          rich_help_panel=MODEL_PANEL)] = False,
+    preset: PresetOpt = None,
+    lazy_detector: LazyDetectorOpt = None,
+    compile: CompileOpt = None,
+    amp: AmpOpt = None,
+    checkpoint: CheckpointOpt = None,
+    face_crop: FaceCropOpt = None,
+    cuda_graph: CudaGraphOpt = None,
+    fused: FusedOpt = None,
 ) -> None:
     """Restore every face in photos: detect, align, restore in batches, paste back seamlessly."""
-    from gpen_tune.face.pipeline import EnhanceSettings
+    from gpen_tune.face.pipeline import EnhanceSettings, resolve_device
 
     try:
         naming_probe = name_pattern.format(name="x", suffix=suffix, ext="png")
@@ -207,32 +227,65 @@ def enhance(
         raise fail("no input image found")
 
     try:
+        dev = resolve_device(device.value, notice)
+        cfg, line = tune_config_from_options(preset, lazy_detector, compile, amp, checkpoint, face_crop, cuda_graph,
+                                             fused, device=dev.type)
         settings = EnhanceSettings(
             model=model, weights=weights, template=template.value, detector=detector.value,
             detector_weights=detector_weights, det_size=det_size or None, det_threshold=det_threshold,
             strength=strength, only_center_face=only_center_face, aligned=aligned, parse_mask=parse_mask,
-            batch_size=batch_size, device=device.value,
+            batch_size=batch_size or default_batch_size(dev), device=str(dev),
         )
-    except ValueError as e:
+    except (ValueError, RuntimeError) as e:
         raise fail(str(e)) from None
+    out.print(f"optimizations: {line}", highlight=False, soft_wrap=True)
     code = run_enhance(files, output, settings, ext=ext, suffix=suffix, name_pattern=name_pattern, report=report,
                        save_faces=save_faces, save_comparison=save_comparison, n_missing=len(missing),
-                       workers=workers, serial=serial)
+                       workers=workers, serial=serial, tune=cfg)
     raise typer.Exit(code)
 
 
+def default_batch_size(device) -> int:
+    """32 faces per generator call on CUDA (a CUDA-graph bucket; the restorer splits on OOM), 8 elsewhere."""
+    return 32 if getattr(device, "type", str(device)).startswith("cuda") else 8
+
+
+def build_enhancer(settings, tune=None):
+    """The Enhancer behind the tune switches (gpen_tune/tune/wiring.py): (enhancer, restorer or None).
+
+    `tune` None keeps the plain model forward (library callers that never asked for switches).
+    """
+    from gpen_tune.face.pipeline import Enhancer, resolve_device, resolve_weights
+
+    if tune is None:
+        return Enhancer(settings, notify=notice), None
+    from gpen_tune.model.load import load_model
+    from gpen_tune.tune.wiring import tune_pipeline
+
+    device = resolve_device(settings.device, notice)
+    model = load_model(resolve_weights(settings, notice), model=settings.model, device=device)
+    settings, restore, detector = tune_pipeline(settings, tune, model, device, notify=notice)
+    for msg in restore.fallbacks:
+        notice(msg)
+    return Enhancer(settings, model=restore.model, restore=restore, detector=detector, notify=notice), restore
+
+
 def run_enhance(files, output, settings, *, ext, suffix, name_pattern, report, save_faces, save_comparison,
-                n_missing=0, workers=None, serial=False) -> int:
-    """Build the enhancer, run every image with a progress bar, print the summary; returns the exit code."""
+                n_missing=0, workers=None, serial=False, tune=None) -> int:
+    """Build the enhancer, run every image with a progress bar, print the summary; returns the exit code.
+
+    `tune`: the TuneConfig of the optimization switches (None = the plain model, no switch applied).
+    """
     from gpen_tune.face.detect import DetectorError
-    from gpen_tune.face.pipeline import Enhancer, OutputNaming
+    from gpen_tune.face.pipeline import OutputNaming
     from gpen_tune.weights.cache import WeightsNotFoundError
     from gpen_tune.weights.checkpoint import CheckpointError
 
     inputs_resolved = {p.resolve() for p, _ in files}
     t0 = time.perf_counter()
     try:
-        enhancer = Enhancer(settings, notify=notice)
+        enhancer, restorer = build_enhancer(settings, tune)
+        settings = enhancer.settings
         # build the detector (and parser) now: a missing weights file fails before any image
         detector_name = None if settings.aligned else enhancer.detector.name
         if settings.parse_mask and not settings.aligned:
@@ -268,6 +321,7 @@ def run_enhance(files, output, settings, *, ext, suffix, name_pattern, report, s
             enhancer.close()
     wall = time.perf_counter() - t0
     summary = _summary(jobs, wall, n_missing)
+    summary["tune"] = _tune_summary(tune, restorer)
     _print_summary(summary, jobs)
     if report is not None:
         _write_report(report, settings, enhancer, detector_name, jobs, summary)
@@ -292,7 +346,8 @@ def _summary(jobs, wall: float, n_missing: int) -> dict:
 
     ok = [j for j in jobs if j.status == "ok"]
     faces = sum(len(j.faces) for j in ok)
-    stage_means = {s: sum(j.timings.get(s, 0.0) for j in jobs) / max(len(jobs), 1) for s in STAGES}
+    stage_totals = {s: sum(j.timings.get(s, 0.0) for j in jobs) for s in STAGES}
+    stage_means = {s: v / max(len(jobs), 1) for s, v in stage_totals.items()}
     return {
         "images": len(jobs),
         "restored": len(ok),
@@ -303,7 +358,32 @@ def _summary(jobs, wall: float, n_missing: int) -> dict:
         "images_per_s": round(len(jobs) / wall, 3) if wall else None,
         "faces_per_s": round(faces / wall, 3) if wall else None,
         "mean_stage_s": {k: round(v, 4) for k, v in stage_means.items()},
+        "stages": stage_table(stage_totals, len(jobs), faces),
     }
+
+
+def stage_table(totals: dict[str, float], images: int, faces: int) -> dict[str, dict[str, float | None]]:
+    """Per stage: total seconds (summed over images; stages overlap in the pipelined runner), ms per image and
+    ms per face."""
+    return {k: {"total_s": round(v, 4), "ms_per_image": round(1000 * v / images, 2) if images else None,
+                "ms_per_face": round(1000 * v / faces, 2) if faces else None} for k, v in totals.items()}
+
+
+def _tune_summary(cfg, restorer) -> dict | None:
+    """The TuneConfig asked for, what ran, and every restorer fallback (NaN -> fp32, compile -> eager, OOM)."""
+    if cfg is None:
+        return None
+    from dataclasses import asdict
+
+    data = {"requested": asdict(cfg), "describe": cfg.describe(), "effective": None, "fallbacks": [],
+            "skipped": {}, "notes": [], "fp32_reruns": 0, "max_batch": None}
+    if restorer is not None:
+        data.update(effective=asdict(restorer.effective), effective_describe=restorer.effective.describe(),
+                    fallbacks=list(restorer.fallbacks),
+                    skipped=dict(restorer.skipped), notes=list(restorer.notes), fp32_reruns=restorer.fp32_reruns,
+                    max_batch=restorer.max_batch,
+                    warmup_s={f"bs{k[0]}": round(v, 3) for k, v in restorer.warmup_seconds.items()})
+    return data
 
 
 def _print_summary(summary: dict, jobs) -> None:
@@ -318,8 +398,30 @@ def _print_summary(summary: dict, jobs) -> None:
     table.add_row("faces restored", str(summary["faces"]))
     table.add_row("wall time", f"{summary['wall_s']:.2f} s")
     table.add_row("images/s · faces/s", f"{summary['images_per_s'] or 0:.2f} · {summary['faces_per_s'] or 0:.2f}")
-    stages = " ".join(f"{k} {v * 1000:.0f}" for k, v in summary["mean_stage_s"].items())
-    table.add_row("mean ms per image", stages)
+    tune = summary.get("tune")
+    if tune:
+        ran = tune.get("effective_describe") or tune["describe"]
+        table.add_row("optimizations", ran if ran == tune["describe"] else f"{ran} (asked: {tune['describe']})")
+        for msg in tune["fallbacks"]:
+            table.add_row("[yellow]fallback[/]", msg)
+    out.print(table)
+    print_stage_table(summary["stages"])
+
+
+def print_stage_table(stages: dict[str, dict]) -> None:
+    """Per stage: total s, ms per image, ms per face (stages overlap when the pipelined runner is used)."""
+    from rich.table import Table
+
+    table = Table(title="per-stage timings", show_header=True, header_style="bold",
+                  caption="stage time summed over images (the pipelined runner overlaps stages; wall time above)")
+    for col in ("stage", "total s", "ms / image", "ms / face"):
+        table.add_column(col, justify="left" if col == "stage" else "right")
+
+    def fmt(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    for name, row in stages.items():
+        table.add_row(name, f"{row['total_s']:.3f}", fmt(row["ms_per_image"]), fmt(row["ms_per_face"]))
     out.print(table)
 
 
@@ -334,6 +436,7 @@ def _write_report(path: Path, settings, enhancer, detector_name, jobs, summary) 
         "device": str(enhancer.device),
         "weights": getattr(enhancer.model, "weights_source", None),
         "detector": detector_name,
+        "tune": summary.get("tune"),
         "summary": summary,
         "images": [j.report() for j in jobs],
     }

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpen_tune.model.layers import EqualLinear, ToRGB
+from gpen_tune.model.layers import Blur, EqualLinear, ToRGB
 from gpen_tune.tune.options import TuneConfig
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": torch.float32}
@@ -40,12 +40,22 @@ def fp32_islands(model: nn.Module) -> set[int]:
 
 
 def cast_model(model: nn.Module, dtype: torch.dtype) -> nn.Module:
-    """Cast in place every parameter except EqualLinear's and ToRGB biases to `dtype`; returns the model."""
+    """Cast in place every parameter except EqualLinear's and ToRGB biases to `dtype`; returns the model.
+
+    The FIR kernels of `Blur` (which only ever filter half-precision activations) are cast too: their values
+    (k/64, k in 1, 3, 9) are exact in bf16/fp16, and left fp32 they were re-cast on every call (12 small copies
+    per GPEN-256 forward: launch overhead that made bf16 slower than fp32 at batch 1). `Upsample`'s kernel filters
+    the fp32 RGB skip and stays fp32.
+    """
     keep = fp32_islands(model)
     for mod in model.modules():
         for p in list(mod.parameters(recurse=False)):
             if id(p) not in keep and p.dtype != dtype:
                 p.data = p.data.to(dtype)
+        if isinstance(mod, Blur) and mod.kernel.dtype != dtype:
+            half = mod.kernel.to(dtype)
+            if torch.equal(half.float(), mod.kernel.float()):  # exact in dtype: same filter, no per-call cast
+                mod.kernel = half
     return model
 
 

@@ -1,0 +1,148 @@
+"""`gpen-tune enhance` with the optimization switches, end to end on CPU (GPEN-BFR-256, synthetic weights).
+
+Outputs of each switch must stay within the tolerance TuneConfig states for it, measured against the plain run
+(no switch), and the JSON report must record the TuneConfig and every fallback/skip.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import typer
+from PIL import Image
+from typer.testing import CliRunner
+
+from gpen_tune.cli import app
+from gpen_tune.face import samples
+
+MODEL = "GPEN-BFR-256"
+
+
+def invoke(args: list[str]):
+    command = typer.main.get_command(app)
+    argv = (["enhance"] if hasattr(command, "commands") else []) + args
+    return CliRunner().invoke(app, argv, catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tune_in")
+    Image.fromarray(samples.astronaut()).save(root / "astronaut.png")
+    Image.fromarray(samples.grace_hopper()).save(root / "hopper.png")
+    return root
+
+
+def run(folder, out, *flags):
+    report = out.parent / f"{out.name}.json"
+    res = invoke([str(folder), "-o", str(out), "--weights", "synthetic", "--model", MODEL, "--detector", "mtcnn",
+                  "--device", "cpu", "--batch-size", "2", "--save-faces", "--report", str(report), *flags])
+    assert res.exit_code == 0, res.output
+    return res, json.loads(report.read_text())
+
+
+def faces(out) -> list[np.ndarray]:
+    """The restored aligned crops (the generator's own output, before paste-back): right half of crop | restored."""
+    files = sorted((out / "faces").glob("*_face*"))
+    pairs = [np.asarray(Image.open(p).convert("RGB"), dtype=np.float64) for p in files]
+    return [x[:, x.shape[1] // 2:] for x in pairs]
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a - b) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
+
+
+@pytest.fixture(scope="module")
+def plain(folder, tmp_path_factory):
+    out = tmp_path_factory.mktemp("plain") / "out"
+    res, report = run(folder, out)
+    return out, res, report
+
+
+def outputs(out) -> list[np.ndarray]:
+    return [np.asarray(Image.open(p).convert("RGB"), dtype=np.float64) for p in sorted(out.glob("*.png"))]
+
+
+def test_plain_run_records_config_and_prints_stage_table(plain):
+    out, res, report = plain
+    assert report["tune"]["requested"]["face_crop"] is True          # enhance's default: face_crop on, rest off
+    assert report["tune"]["requested"]["amp"] == "off" and report["tune"]["fallbacks"] == []
+    assert "no preset" in res.output and "per-stage timings" in res.output and "ms / face" in res.output
+    stages = report["summary"]["stages"]
+    assert set(stages) >= {"decode", "detect", "restore", "paste"} and stages["restore"]["ms_per_face"] > 0
+    assert report["summary"]["faces"] >= 2 and len(outputs(out)) == 2
+
+
+@pytest.mark.parametrize("flags, min_psnr, max_abs", [
+    (["--amp", "bf16"], 40.0, None),                 # amp: >= 40 dB PSNR vs fp32 (pipelined runner: 2 inputs)
+    (["--amp", "bf16", "--serial"], 40.0, None),     # the same through the serial path
+    (["--preset", "auto"], 40.0, None),              # on the CPU auto = balanced, and says so
+    (["--checkpoint"], None, 0.0),                   # act_checkpoint: identical output
+    (["--preset", "low-memory"], 40.0, None),        # bf16 + checkpoint (+ GPU-only switches skipped on CPU)
+])
+def test_switch_outputs_within_tolerance_of_plain_run(folder, tmp_path, plain, flags, min_psnr, max_abs):
+    out = tmp_path / "out"
+    res, report = run(folder, out, *flags)
+    ref_faces, got_faces = faces(plain[0]), faces(out)
+    assert len(got_faces) == len(ref_faces) >= 2
+    for a, b in zip(ref_faces, got_faces, strict=True):
+        if min_psnr is not None:
+            assert min_psnr <= psnr(a, b) < float("inf")   # bf16 ran (not identical) and stayed close
+        if max_abs is not None:
+            assert np.abs(a - b).max() <= max_abs
+    for a, b in zip(outputs(plain[0]), outputs(out), strict=True):
+        assert psnr(a, b) >= (min_psnr or 60.0)
+    tune = report["tune"]
+    if "--amp" in flags:
+        assert tune["effective"]["amp"] == "bf16" and "amp=bf16" in res.output
+    if "auto" in flags:
+        assert "no CUDA device: balanced" in res.output and tune["effective"]["amp"] == "bf16"
+        assert "cuda_graph" in tune["skipped"]
+    if "low-memory" in flags:
+        assert "preset low-memory" in res.output
+        assert tune["requested"]["act_checkpoint"] is True and tune["requested"]["amp"] == "bf16"
+        # switches that need CUDA are skipped on the CPU: the skip is a recorded fallback, not silence
+        for name, reason in tune["skipped"].items():
+            assert any(name in msg for msg in tune["fallbacks"]) and reason
+
+
+def test_help_lists_the_optimizations_panel():
+    res = invoke(["--help"])
+    assert res.exit_code == 0
+    assert "Optimizations" in res.output
+    for flag in ("--preset", "--amp", "--compile", "--checkpoint", "--cuda-graph", "--fused", "--lazy-detector",
+                 "--face-crop"):
+        assert flag in res.output
+
+
+def test_compiled_restorer_sees_one_batch_shape_in_the_runner(folder, tmp_path):
+    """With --compile the runner pads every batch to --batch-size (one compile, one capture); without, buckets."""
+    import torch
+
+    from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, OutputNaming
+    from gpen_tune.model.configs import GPENConfig
+    from gpen_tune.model.load import load_model
+    from gpen_tune.throughput.api import run_jobs
+    from gpen_tune.tune import TuneConfig
+    from gpen_tune.tune.restorer import Restorer
+
+    model = load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cpu")
+    files = [(p, p.stem) for p in sorted(folder.glob("*.png"))]
+    seen: dict[str, list[int]] = {}
+    for name, cfg in (("compiled", TuneConfig(compile="default")), ("eager", TuneConfig())):
+        shapes = seen.setdefault(name, [])
+
+        def spy(x: torch.Tensor, shapes=shapes) -> torch.Tensor:
+            shapes.append(x.shape[0])
+            return model(x)
+
+        restore = Restorer(spy, model=model, cfg=cfg, device="cpu")  # the compile switch as the runner sees it
+        settings = EnhanceSettings(device="cpu", detector="mtcnn", batch_size=4)
+        enhancer = Enhancer(settings, model=model, restore=restore)
+        jobs = run_jobs(files, OutputNaming(tmp_path / name), enhancer, workers=1)
+        enhancer.close()
+        assert [j.status for j in jobs] == ["ok", "ok"]
+    assert seen["compiled"] and set(seen["compiled"]) == {4}
+    assert set(seen["eager"]) <= {1, 2} and sum(seen["eager"]) == 2  # the two faces, no padding
