@@ -292,6 +292,13 @@ _TRITON_SCRIPT = textwrap.dedent("""
     rf, rfb = E.encoder_epilogue(zo.bfloat16(), bo, ktaps)               # bf16 twin: blur of the rounded f
     res["enc_odd_v2_bf16_f_rel"] = float((hf.float() - rf.float()).abs().max() / rf.float().abs().max())
     res["enc_odd_v2_bf16_rel"] = float((hfb.float() - rfb.float()).abs().max() / rfb.float().abs().max())
+    a = torch.randn(3, 50, 70)                                          # odd HW and C (2 channel blocks)
+    wt = torch.randn(3, 70, 3)
+    want_rgb = torch.bmm(a.double(), wt.double()).float()
+    res["rgb_fp32"] = float((T.to_rgb(a, wt) - want_rgb).abs().max() / want_rgb.abs().max())
+    ab, wb = a.bfloat16(), wt.bfloat16()
+    want_rgb = torch.bmm(ab.double(), wb.double()).float()
+    res["rgb_bf16"] = float((T.to_rgb(ab, wb) - want_rgb).abs().max() / want_rgb.abs().max())
     cfg = GPENConfig(32, narrow=0.25)
     m = load_model("synthetic", model=cfg)
     x = torch.rand(2, 3, 32, 32) * 2 - 1
@@ -314,7 +321,7 @@ def test_triton_kernels_match_torch_twins_in_interpreter():
     assert line, f"interpreter run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     res = json.loads(line[len("RESULT"):])
     for key in ("styled_up0", "styled_up1", "enc_f_v1", "enc_fb_v1", "enc_noblur_v1", "enc_f_v2", "enc_fb_v2",
-                "enc_noblur_v2", "enc_odd_v2"):
+                "enc_noblur_v2", "enc_odd_v2", "rgb_fp32", "rgb_bf16"):
         assert res[key] <= 1e-5, (key, res)
     for key in ("styled_up0_bf16_rel", "styled_up1_bf16_rel"):
         assert res[key] <= 2e-2, (key, res)

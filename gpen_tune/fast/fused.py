@@ -47,7 +47,8 @@ class FastOptions:
     enc_blur: str = "fused"        # encoder FIR: "fused" into the epilogue, "conv" depthwise pass, "fold" 6x6 kernel
     up_conv: str = "transposed"    # "transposed": cuDNN's stride-2 transposed conv (dgrad kernels); "phases": its
     #                                4 polyphase convs (2x2, 2x1, 1x2, 1x1: same MACs, fprop kernels) interleaved
-    kernels: str = "v2"            # Triton encoder epilogue: "v2" elementwise + blur passes, "v1" one fused pass
+    kernels: str = "v2"            # Triton: "v2" encoder epilogue as elementwise + blur passes and ToRGB as a Triton
+    #                                reduction; "v1" the first run's fused encoder pass and cuBLAS bmm ToRGB
     compile: bool = False          # torch.compile the forward (torch epilogue only; Inductor fuses the passes)
     release_features: bool = True  # drop each encoder feature after its last use (eager peak memory)
 
@@ -241,7 +242,8 @@ class FusedGenerator(nn.Module):
         wt = wt.clamp(-big, big).to(buf.dtype)
         if buf.is_contiguous(memory_format=torch.channels_last):
             a = buf.permute(0, 2, 3, 1).reshape(bsz, h * w, c2)
-            out = _bmm_f32(a, wt).view(bsz, h, w, 3).permute(0, 3, 1, 2)
+            gemv = self._use_triton and self.opts.kernels == "v2" and h * w * c2 < 2**31
+            out = (T.to_rgb(a, wt) if gemv else _bmm_f32(a, wt)).view(bsz, h, w, 3).permute(0, 3, 1, 2)
         else:
             out = _bmm_f32(wt.transpose(1, 2), buf.reshape(bsz, c2, h * w)).view(bsz, 3, h, w)
         out = out + rgb.bias
