@@ -277,11 +277,28 @@ _TRITON_SCRIPT = textwrap.dedent("""
     ktaps = E.separable_taps(make_kernel((1, 3, 3, 1)))
     k2 = (torch.tensor(ktaps[0])[:, None] * torch.tensor(ktaps[1])[None, :]).float()
     wf, wfb = E.encoder_epilogue(z, bias, ktaps)
-    gf, gfb = T.encoder_epilogue(z, bias, k2)
-    res["enc_f"] = float((gf - wf).abs().max())
-    res["enc_fb"] = float((gfb - wfb).abs().max())
-    gf2, none = T.encoder_epilogue(z, bias, None)
-    res["enc_noblur"] = float((gf2 - wf).abs().max()) + (0.0 if none is None else 1.0)
+    for ver in ("v1", "v2"):
+        gf, gfb = T.encoder_epilogue(z, bias, k2, version=ver)
+        res[f"enc_f_{ver}"] = float((gf - wf).abs().max())
+        res[f"enc_fb_{ver}"] = float((gfb - wfb).abs().max())
+        gf2, none = T.encoder_epilogue(z, bias, None, version=ver)
+        res[f"enc_noblur_{ver}"] = float((gf2 - wf).abs().max()) + (0.0 if none is None else 1.0)
+    zo = torch.randn(3, 37, 9, 13).contiguous(memory_format=cl)      # odd H, W, C; 2 x 1 tiles
+    bo = torch.randn(37)
+    of, ofb = E.encoder_epilogue(zo, bo, ktaps)
+    vf, vfb = T.encoder_epilogue(zo, bo, k2, version="v2")
+    res["enc_odd_v2"] = max(float((vf - of).abs().max()), float((vfb - ofb).abs().max()))
+    hf, hfb = T.encoder_epilogue(zo.bfloat16(), bo, k2, version="v2")
+    rf, rfb = E.encoder_epilogue(zo.bfloat16(), bo, ktaps)               # bf16 twin: blur of the rounded f
+    res["enc_odd_v2_bf16_f_rel"] = float((hf.float() - rf.float()).abs().max() / rf.float().abs().max())
+    res["enc_odd_v2_bf16_rel"] = float((hfb.float() - rfb.float()).abs().max() / rfb.float().abs().max())
+    a = torch.randn(3, 50, 70)                                          # odd HW and C (2 channel blocks)
+    wt = torch.randn(3, 70, 3)
+    want_rgb = torch.bmm(a.double(), wt.double()).float()
+    res["rgb_fp32"] = float((T.to_rgb(a, wt) - want_rgb).abs().max() / want_rgb.abs().max())
+    ab, wb = a.bfloat16(), wt.bfloat16()
+    want_rgb = torch.bmm(ab.double(), wb.double()).float()
+    res["rgb_bf16"] = float((T.to_rgb(ab, wb) - want_rgb).abs().max() / want_rgb.abs().max())
     cfg = GPENConfig(32, narrow=0.25)
     m = load_model("synthetic", model=cfg)
     x = torch.rand(2, 3, 32, 32) * 2 - 1
@@ -290,6 +307,7 @@ _TRITON_SCRIPT = textwrap.dedent("""
         out = fast(x)
         res["model_uses_triton"] = bool(fast._use_triton)
         res["model_fp32"] = float((out - m(x)).abs().max())
+        res["model_fp32_v1"] = float((fuse(m, epilogue="triton", kernels="v1")(x) - m(x)).abs().max())
     print("RESULT" + json.dumps(res))
 """)
 
@@ -302,12 +320,15 @@ def test_triton_kernels_match_torch_twins_in_interpreter():
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
     assert line, f"interpreter run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     res = json.loads(line[len("RESULT"):])
-    for key in ("styled_up0", "styled_up1", "enc_f", "enc_fb", "enc_noblur"):
+    for key in ("styled_up0", "styled_up1", "enc_f_v1", "enc_fb_v1", "enc_noblur_v1", "enc_f_v2", "enc_fb_v2",
+                "enc_noblur_v2", "enc_odd_v2", "rgb_fp32", "rgb_bf16"):
         assert res[key] <= 1e-5, (key, res)
     for key in ("styled_up0_bf16_rel", "styled_up1_bf16_rel"):
         assert res[key] <= 2e-2, (key, res)
     assert res["model_uses_triton"] is True
+    assert res["enc_odd_v2_bf16_rel"] <= 2e-2 and res["enc_odd_v2_bf16_f_rel"] <= 2e-2, res
     assert res["model_fp32"] <= FP32_TOL
+    assert res["model_fp32_v1"] <= FP32_TOL
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ EPILOGUES = ("auto", "torch", "triton")
 BLUR_IMPLS = ("slices", "conv")
 ENC_BLURS = ("fused", "conv", "fold")
 UP_CONVS = ("transposed", "phases")
+KERNELS = ("v2", "v1")
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,14 @@ class FastOptions:
     enc_blur: str = "fused"        # encoder FIR: "fused" into the epilogue, "conv" depthwise pass, "fold" 6x6 kernel
     up_conv: str = "transposed"    # "transposed": cuDNN's stride-2 transposed conv (dgrad kernels); "phases": its
     #                                4 polyphase convs (2x2, 2x1, 1x2, 1x1: same MACs, fprop kernels) interleaved
+    kernels: str = "v2"            # Triton: "v2" encoder epilogue as elementwise + blur passes and ToRGB as a Triton
+    #                                reduction; "v1" the first run's fused encoder pass and cuBLAS bmm ToRGB
     compile: bool = False          # torch.compile the forward (torch epilogue only; Inductor fuses the passes)
     release_features: bool = True  # drop each encoder feature after its last use (eager peak memory)
 
     def __post_init__(self) -> None:
         for name, allowed in (("epilogue", EPILOGUES), ("up_blur", BLUR_IMPLS), ("enc_blur", ENC_BLURS),
-                              ("up_conv", UP_CONVS)):
+                              ("up_conv", UP_CONVS), ("kernels", KERNELS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"FastOptions.{name}={getattr(self, name)!r}; choose one of {allowed}")
 
@@ -200,7 +203,8 @@ class FusedGenerator(nn.Module):
             want_blur = nxt is not None and nxt.downsample and not nxt.fold
             fused_blur = want_blur and self.opts.enc_blur == "fused"
             if use_triton:
-                f, fb = T.encoder_epilogue(z, layer.bias, self.enc_taps2d if fused_blur else None)
+                f, fb = T.encoder_epilogue(z, layer.bias, self.enc_taps2d if fused_blur else None,
+                                           version=self.opts.kernels)
             else:
                 f, fb = E.encoder_epilogue(z, layer.bias, self.enc_taps if fused_blur else None)
             del z
@@ -238,7 +242,8 @@ class FusedGenerator(nn.Module):
         wt = wt.clamp(-big, big).to(buf.dtype)
         if buf.is_contiguous(memory_format=torch.channels_last):
             a = buf.permute(0, 2, 3, 1).reshape(bsz, h * w, c2)
-            out = _bmm_f32(a, wt).view(bsz, h, w, 3).permute(0, 3, 1, 2)
+            gemv = self._use_triton and self.opts.kernels == "v2" and h * w * c2 < 2**31
+            out = (T.to_rgb(a, wt) if gemv else _bmm_f32(a, wt)).view(bsz, h, w, 3).permute(0, 3, 1, 2)
         else:
             out = _bmm_f32(wt.transpose(1, 2), buf.reshape(bsz, c2, h * w)).view(bsz, 3, h, w)
         out = out + rgb.bias
