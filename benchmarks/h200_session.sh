@@ -16,7 +16,7 @@ case "${1:-part1}" in
     step "GPU tests"
     timeout 90 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -15 >> "$LOG"
     step "generator limit (quick)"
-    timeout 170 "$PY" benchmarks/generator_limit.py --quick --out "$DEST" 2>&1 | tail -25 >> "$LOG"
+    timeout 170 "$PY" benchmarks/generator_limit.py --quick --budget-s 140 --profile fused_bf16_triton --out "$DEST" 2>&1 | tail -25 >> "$LOG"
     step "bench GPEN-BFR-512"
     timeout 175 "$PY" -m gpen_tune.bench --model GPEN-BFR-512 --device cuda --batch-sizes 1,4,16 --repeats 6 \
       --warmup 2 --max-minutes 2.6 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
