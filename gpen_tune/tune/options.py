@@ -61,7 +61,8 @@ class TuneConfig:
         tolerance="identical to the module it captures", requires="CUDA")
     fused: bool = _switch(
         False, flag="--fused",
-        help="Use the fused fast path of gpen_tune.fast (precomputed weight transforms, channels-last, one Triton pass per conv for FIR + demodulation + bias + activation + next style).",
+        help=("Use the fused fast path of gpen_tune.fast (precomputed weight transforms, channels-last, one Triton "
+              "pass per conv for FIR + demodulation + bias + activation + next style)."),
         tolerance="max-abs <= 1e-3 vs fp32 in fp32", requires="gpen_tune.fast")
 
     def __post_init__(self) -> None:
