@@ -14,19 +14,19 @@ step() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; }
 case "${1:-part1}" in
   part1)
     step "GPU tests"
-    timeout 90 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -15 >> "$LOG"
+    timeout 80 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -15 >> "$LOG"
     step "generator limit (quick)"
-    timeout 170 "$PY" benchmarks/generator_limit.py --quick --budget-s 140 --profile fused_bf16_triton --out "$DEST" 2>&1 | tail -25 >> "$LOG"
+    timeout 160 "$PY" benchmarks/generator_limit.py --quick --budget-s 125 --profile fused_bf16_triton --out "$DEST" 2>&1 | tail -25 >> "$LOG"
     step "bench GPEN-BFR-512"
-    timeout 175 "$PY" -m gpen_tune.bench --model GPEN-BFR-512 --device cuda --batch-sizes 1,4,16 --repeats 6 \
+    timeout 170 "$PY" -m gpen_tune.bench --model GPEN-BFR-512 --device cuda --batch-sizes 1,4,16 --repeats 6 \
       --warmup 2 --max-minutes 2.6 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
     step "bench GPEN-BFR-256"
-    timeout 110 "$PY" -m gpen_tune.bench --model GPEN-BFR-256 --device cuda --batch-sizes 1,4,16 --repeats 6 \
-      --warmup 2 --max-minutes 1.5 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
+    timeout 100 "$PY" -m gpen_tune.bench --model GPEN-BFR-256 --device cuda --batch-sizes 1,4,16 --repeats 6 \
+      --warmup 2 --max-minutes 1.4 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
     ;;
   part2)
     step "throughput GPEN-BFR-512, preset balanced"
-    timeout 270 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset balanced --images 320 --batch 32 \
+    timeout 230 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset balanced --images 256 --batch 32 \
       --out "$DEST" 2>&1 | tail -40 >> "$LOG"
     ;;
   *) echo "usage: $0 part1|part2" >&2; exit 2 ;;
