@@ -25,7 +25,8 @@ def test_auto_chooses_from_free_memory(free, total, name):
 
 
 def test_presets_are_what_they_say():
-    assert PRESETS["speed"].compile and PRESETS["speed"].amp == "bf16" and PRESETS["speed"].cuda_graph
+    speed = PRESETS["speed"]
+    assert speed.fused and speed.amp == "bf16" and speed.cuda_graph and speed.compile is None
     low = PRESETS["low-memory"]
     assert low.act_checkpoint and low.lazy_detector and not low.cuda_graph and low.compile is None
     assert TuneConfig().enabled() == []
@@ -33,8 +34,8 @@ def test_presets_are_what_they_say():
 
 
 def test_overrides_win_and_validation():
-    cfg = with_overrides(PRESETS["speed"], compile="off", amp=None, act_checkpoint=True)
-    assert cfg.compile is None and cfg.amp == "bf16" and cfg.act_checkpoint
+    cfg = with_overrides(PRESETS["speed"], compile="default", amp=None, act_checkpoint=True)
+    assert cfg.compile == "default" and cfg.amp == "bf16" and cfg.act_checkpoint
     with pytest.raises(ValueError):
         TuneConfig(amp="fp8")
     with pytest.raises(ValueError):
