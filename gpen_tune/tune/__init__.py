@@ -6,9 +6,18 @@
 """
 
 from gpen_tune.tune.options import PRESETS, STEPS, TuneConfig, choose_preset, resolve_preset
-from gpen_tune.tune.restorer import Restorer, build_restorer
 
 presets = PRESETS
+
+
+def __getattr__(name: str):
+    """`Restorer` and `build_restorer` import torch: load them on first use so the CLI starts fast."""
+    if name in ("Restorer", "build_restorer"):
+        from gpen_tune.tune import restorer
+
+        return getattr(restorer, name)
+    raise AttributeError(f"module 'gpen_tune.tune' has no attribute {name!r}")
+
 
 __all__ = ["PRESETS", "STEPS", "Restorer", "TuneConfig", "build_restorer", "choose_preset", "presets",
            "resolve_preset"]
