@@ -3,6 +3,7 @@
 # Run from the repository root on the GPU machine; results go to $OUT (or benchmarks/results).
 #   benchmarks/h200_session.sh part1   # GPU tests, generator limit (quick), bench GPEN-BFR-512 and -256   (~9 min)
 #   benchmarks/h200_session.sh part2   # end-to-end folder throughput, serial vs pipeline in one run        (~4 min)
+#   benchmarks/h200_session.sh part3   # bench GPEN-BFR-512: default vs compile / amp / cuda-graph / presets (~2 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -29,7 +30,13 @@ case "${1:-part1}" in
     timeout 230 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset balanced --images 256 --batch 32 \
       --out "$DEST" 2>&1 | tail -40 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|part2" >&2; exit 2 ;;
+  part3)
+    step "bench GPEN-BFR-512, single switches and presets"
+    timeout 230 "$PY" -m gpen_tune.bench --model GPEN-BFR-512 --device cuda \
+      --rows default,amp,cuda_graph,preset:balanced,compile,preset:speed --batch-sizes 1,4,16 --repeats 6 \
+      --warmup 2 --max-minutes 3.0 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|part2|part3" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"
