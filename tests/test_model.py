@@ -135,6 +135,54 @@ def test_fp32_matches_upstream_formulation(cfg):
     assert (ours - ref).abs().max().item() <= 1e-4
 
 
+def test_batch_of_one_matches_upstream_formulation():
+    """Batch 1 takes the weight-modulation route (style and demodulation folded into the weight)."""
+    cfg = MODELS["GPEN-BFR-256"].config
+    model = load_model("synthetic", cfg)
+    sd = {k: v.clone() for k, v in model.state_dict().items()}
+    x = _face_batch(cfg.size, 1, seed=5)
+    with torch.no_grad():
+        assert (model(x) - gpen_forward_ref(sd, x)).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("pad", [0, 1, 2, 3])
+def test_binomial_blur_is_the_4x4_fir(pad):
+    from gpen_tune.model.layers import Blur
+    from gpen_tune.ops.fir import binomial_blur, make_kernel
+
+    x = torch.randn(2, 5, 17, 19, dtype=torch.float64, generator=torch.Generator().manual_seed(pad))
+    ref = upfirdn2d(x, make_kernel((1, 3, 3, 1)).double(), pad=(pad, pad))
+    got = binomial_blur(x, pad)
+    assert got.shape == ref.shape and (got - ref).abs().max().item() < 1e-12
+    blur = Blur((1, 3, 3, 1), pad=(1, 1), upsample_factor=2).double()
+    assert blur.binomial and (blur(x) - upfirdn2d(x, blur.kernel, pad=(1, 1))).abs().max().item() < 1e-12
+
+
+def test_a_checkpoint_with_another_fir_kernel_takes_the_generic_path():
+    cfg = GPENConfig(64, channel_multiplier=1, narrow=0.25)
+    model = load_model("synthetic", cfg)
+    sd = model.state_dict()
+    key = next(k for k in sd if k.endswith("blur.kernel"))
+    sd[key] = torch.full_like(sd[key], sd[key].sum().item() / 16)   # a box filter of the same gain
+    model.load_state_dict(sd)
+    blur = model.get_submodule(key.rsplit(".", 1)[0])
+    assert blur.binomial is False
+    x = _face_batch(64, 2, seed=3)
+    with torch.no_grad():
+        assert (model(x) - gpen_forward_ref(sd, x)).abs().max().item() <= 1e-4
+
+
+def test_cached_demodulation_sums_follow_new_weights():
+    cfg = GPENConfig(64, channel_multiplier=1, narrow=0.25)
+    model = load_model("synthetic", cfg)
+    x = _face_batch(64, 2, seed=4)
+    with torch.no_grad():
+        model(x)                                        # fills the caches
+        sd = {k: v * 1.5 if k.endswith("conv.weight") else v for k, v in model.state_dict().items()}
+        model.load_state_dict(sd)                       # copies in place: same tensors, new versions
+        assert (model(x) - gpen_forward_ref(sd, x)).abs().max().item() <= 1e-4
+
+
 def test_input_matters_and_faces_are_batch_independent():
     cfg = GPENConfig(64, channel_multiplier=1, narrow=0.25)
     model = load_model("synthetic", cfg)

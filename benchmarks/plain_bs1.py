@@ -1,0 +1,147 @@
+"""Batch-1 latency of the plain (non-fused) generator, eager vs CUDA-graph replay, and where the GPU time goes.
+
+Issue 4's `--cuda-graph` target is "bs1 with graphs at most half the eager bs1 time". A graph removes the CPU's
+launch cost, not the GPU's work, so the ratio is decided by how much GPU time one bs1 forward needs. This script
+measures, in one process and on the same weights and input:
+  * eager and graph-replay ms at batch 1 (median of --repeats, CUDA events) for fp32 (TF32 convs) and bf16,
+  * optionally the same for an earlier formulation of the model (`--before DIR` holding its layers.py, gpen.py and
+    fir.py), so a change to the model is measured against its baseline in the same run,
+  * a kernel-level profile (torch.profiler) of one eager bs1 forward: the top kernels by GPU time, and totals.
+
+    python benchmarks/plain_bs1.py --model GPEN-BFR-512 --out benchmarks/results [--before bl_model]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import shlex
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpen_tune.bench.measure import summary, time_calls  # noqa: E402
+from gpen_tune.model.load import load_model  # noqa: E402
+from gpen_tune.tune.amp import cast_model  # noqa: E402
+from gpen_tune.tune.cuda_graph import GraphedForward  # noqa: E402
+
+
+def load_before(directory: Path):
+    """FullGenerator class of an earlier formulation (layers.py, gpen.py, fir.py), imported under a private name."""
+    pkg = Path(tempfile.mkdtemp()) / "before_model"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for name in ("layers.py", "gpen.py", "fir.py"):
+        text = (directory / name).read_text()
+        text = text.replace("gpen_tune.model.layers", "before_model.layers").replace("gpen_tune.ops.fir",
+                                                                                      "before_model.fir")
+        (pkg / name).write_text(text)
+    sys.path.insert(0, str(pkg.parent))
+    return importlib.import_module("before_model.gpen").FullGenerator
+
+
+def build(variant: str, model: str, dtype: torch.dtype, before_cls, device: torch.device) -> torch.nn.Module:
+    net = load_model("synthetic", model=model, device=device)
+    if variant == "before":
+        old = before_cls(net.cfg)
+        old.load_state_dict(net.state_dict(), strict=True)
+        net = old.to(device).eval().requires_grad_(False)
+    return cast_model(net, dtype) if dtype != torch.float32 else net
+
+
+def profile_forward(fn, x: torch.Tensor, top: int) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn(x)
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            kernels.setdefault(e.name, []).append(e.device_time_total if hasattr(e, "device_time_total")
+                                                   else e.cuda_time_total)
+    rows = sorted(((sum(v), len(v), k) for k, v in kernels.items()), reverse=True)
+    total = sum(r[0] for r in rows)
+    return {
+        "kernels": sum(r[1] for r in rows),
+        "gpu_us_total": round(total, 1),
+        "top": [{"us": round(us, 1), "calls": n, "share": round(us / total, 4), "kernel": k[:160]}
+                for us, n, k in rows[:top]],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="GPEN-BFR-512")
+    ap.add_argument("--repeats", type=int, default=40)
+    ap.add_argument("--before", type=Path, default=None, help="directory with an earlier layers.py/gpen.py/fir.py")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = ap.parse_args()
+    device = torch.device("cuda")
+    torch.backends.cudnn.benchmark = True
+    before_cls = load_before(args.before) if args.before else None
+    size = int(args.model.rsplit("-", 1)[-1])
+    x = torch.rand(1, 3, size, size, device=device) * 2 - 1
+    variants = ["before", "after"] if before_cls else ["after"]
+    results, reference = [], {}
+    for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        for variant in variants:
+            net = build(variant, args.model, dtype, before_cls, device)
+            with torch.inference_mode():
+                for _ in range(3):
+                    out = net(x)
+                eager = summary(time_calls(partial(net, x), device, args.repeats))
+                graphed = GraphedForward(net, buckets=(1,))
+                t0 = time.perf_counter()
+                g_out = graphed(x)
+                torch.cuda.synchronize()
+                capture_s = time.perf_counter() - t0
+                graph = summary(time_calls(partial(graphed, x), device, args.repeats))
+                ref = reference.setdefault(dtype_name, out.float())
+                row = {
+                    "variant": variant, "dtype": dtype_name,
+                    "eager_ms": round(eager["median_ms"], 3), "graph_ms": round(graph["median_ms"], 3),
+                    "graph_over_eager": round(graph["median_ms"] / eager["median_ms"], 3),
+                    "eager_rel_iqr": round(eager["rel_iqr"], 3), "graph_rel_iqr": round(graph["rel_iqr"], 3),
+                    "capture_s": round(capture_s, 2),
+                    "max_abs_vs_first_variant": float((out.float() - ref).abs().max()),
+                    "graph_equals_eager": bool(torch.equal(g_out, out)),
+                }
+                if variant == "after" or dtype_name == "fp32":
+                    row["profile_eager_bs1"] = profile_forward(net, x, args.top)
+            print(json.dumps({k: v for k, v in row.items() if k != "profile_eager_bs1"}), flush=True)
+            results.append(row)
+            del net, graphed
+            torch.cuda.empty_cache()
+    record = {
+        "benchmark": "plain_bs1",
+        "command": "python benchmarks/plain_bs1.py " + shlex.join(sys.argv[1:]),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model": args.model, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "cudnn_benchmark": True, "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+        "rows": results,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = args.out / f"plain_bs1_{stamp}_{args.model}.json"
+    path.write_text(json.dumps(record, indent=1))
+    print(f"wrote {path}")
+    for r in results:
+        prof = r.get("profile_eager_bs1")
+        if prof:
+            print(f"\n{r['variant']} {r['dtype']}: {prof['kernels']} kernels, {prof['gpu_us_total']:.0f} us GPU")
+            for t in prof["top"][:15]:
+                print(f"  {t['us']:8.1f} us {t['calls']:4d}x {100 * t['share']:5.1f}%  {t['kernel'][:110]}")
+
+
+if __name__ == "__main__":
+    main()
