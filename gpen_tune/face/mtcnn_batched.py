@@ -147,7 +147,7 @@ class _Driver:
         zeros = torch.zeros_like(lh)
         level = self._area_resize(img_ids, zeros, zeros, hw[:, 0], hw[:, 1], lh, lw,
                                   int(level_hw[:, 0].max()), int(level_hw[:, 1].max()))
-        reg, prob = self.pnet(level)
+        reg, prob = pnet_forward(self.pnet, level, lh, lw)
         score = prob[:, 1]                                      # [b, oh, ow]
         # cells that the image's own P-Net output has (ceil-mode pooling): ceil((n - 2) / 2) - 4
         rows_ok = torch.arange(score.shape[1], device=self.device)[None] < ((lh - 1) // 2 - 4)[:, None]
@@ -256,6 +256,24 @@ def _area_bounds(start, in_len, out_len, n: int):
     lo = torch.where(ok, start + (i * in_len) // out_len, 0)
     hi = torch.where(ok, start + ((i + 1) * in_len + out_len - 1) // out_len, 0)
     return lo, hi, ok
+
+
+def pnet_forward(pnet: torch.nn.Module, x: torch.Tensor, heights: torch.Tensor, widths: torch.Tensor):
+    """facenet's P-Net on a zero-padded canvas, as if each image x[n] were only heights[n] x widths[n] large.
+
+    P-Net's first pooling uses ceil mode: on an image of odd conv1 width, the last window holds one column alone.
+    On a wider canvas that window also sees a column computed from the padding, which moved boxes of faces cut by
+    the right/bottom border by up to ~5 px. Filling conv1's out-of-image outputs with a very low value before the
+    pooling restores the image-alone result (only cells the image alone has are read afterwards).
+    """
+    y = pnet.prelu1(pnet.conv1(x))
+    rows = torch.arange(y.shape[2], device=y.device)[None] < (heights - 2)[:, None]
+    cols = torch.arange(y.shape[3], device=y.device)[None] < (widths - 2)[:, None]
+    inside = (rows[:, :, None] & cols[:, None, :])[:, None]
+    y = torch.where(inside, y, torch.full_like(y, -1e4))
+    y = pnet.prelu2(pnet.conv2(pnet.pool1(y)))
+    y = pnet.prelu3(pnet.conv3(y))
+    return pnet.conv4_2(y), pnet.softmax4_1(pnet.conv4_1(y))
 
 
 def _run_chunked(net: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
