@@ -231,7 +231,8 @@ class _Driver:
         boxes, img, scores, points = boxes[keep], img[keep], scores[keep], points[keep]
         order = np.argsort(img, kind="stable")
         bounds = np.searchsorted(img[order], np.arange(self.b + 1))
-        return [(boxes[order[a:z]], scores[order[a:z]], points[order[a:z]]) for a, z in zip(bounds, bounds[1:])]
+        spans = zip(bounds[:-1], bounds[1:], strict=True)
+        return [(boxes[order[a:z]], scores[order[a:z]], points[order[a:z]]) for a, z in spans]
 
 
 def _empty() -> Result:
