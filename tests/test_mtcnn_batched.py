@@ -174,7 +174,9 @@ def test_min_nms_equals_facenet_numpy_version():
 
 def test_detector_sends_mixed_sizes_in_one_call():
     det = MTCNNDetector("cpu")
+    assert not det.mixed_sizes and MTCNNDetector.mixed_sizes      # CPU: by size (see MTCNNDetector); GPU: mixed
     det.pnet, det.rnet, det.onet = nets()
+    det.mixed_sizes = True
     calls = []
     inner = det._detect_batch
     det._detect_batch = lambda batch: calls.append([im.shape for im in batch]) or inner(batch)

@@ -163,7 +163,13 @@ def _to_detections(boxes, scores, lms, sx: float, sy: float, threshold: float) -
 
 class MTCNNDetector(FaceDetector):
     """facenet-pytorch's MTCNN networks (weights in the wheel) driven by our batched driver
-    (`gpen_tune.face.mtcnn_batched`): up to `MTCNN_MAX_BATCH` images of any sizes per call."""
+    (`gpen_tune.face.mtcnn_batched`): up to `MTCNN_MAX_BATCH` images of any sizes per call on a GPU.
+
+    On the CPU, images are still grouped by size (`mixed_sizes` False there): batching brings no speed on the CPU,
+    and the CPU convolution picks another code path by batch size (native below 2 images, oneDNN above), so
+    an image's landmarks would depend on its batch mates by a float32 ULP, enough to change restored pixels
+    downstream when serial and pipelined runs are compared.
+    """
 
     name = "mtcnn"
     mixed_sizes = True
@@ -171,6 +177,7 @@ class MTCNNDetector(FaceDetector):
 
     def __init__(self, device="cpu", threshold=None, det_size=DEFAULT_DET_SIZE):
         super().__init__(device, threshold, det_size)
+        self.mixed_sizes = self.device.type != "cpu"
         try:
             from facenet_pytorch.models.mtcnn import ONet, PNet, RNet
         except ImportError as e:
@@ -178,6 +185,11 @@ class MTCNNDetector(FaceDetector):
                 "the offline detector needs facenet-pytorch: pip install --no-deps facenet-pytorch==2.6.0"
             ) from e
         self.pnet, self.rnet, self.onet = (net().to(self.device).eval() for net in (PNet, RNet, ONet))
+
+    def to(self, device):
+        super().to(device)
+        self.mixed_sizes = self.device.type != "cpu"
+        return self
 
     def _networks(self):
         return [n for n in (self.pnet, self.rnet, self.onet) if n is not None]
