@@ -193,3 +193,13 @@ def test_solvay_all_29_faces_like_facenet():
     (got,) = batched([photo("solvay")])
     assert_same(got, reference("solvay"))
     assert (got[1] >= DEFAULT_THRESHOLD).sum() == SOLVAY_FACES
+
+
+def test_memory_chunking_changes_nothing(monkeypatch):
+    import gpen_tune.face.mtcnn_batched as driver
+
+    monkeypatch.setattr(driver, "PNET_MAX_PIXELS", 1)       # one image per P-Net call
+    monkeypatch.setattr(driver, "CROPS_PER_CALL", 7)        # R-Net / O-Net in chunks of 7 boxes
+    keys = ("astronaut", "mosaic6_0", "grace_hopper")
+    for key, got in zip(keys, batched([photo(k) for k in keys]), strict=True):
+        assert_same(got, reference(key))

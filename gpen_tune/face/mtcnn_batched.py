@@ -167,8 +167,7 @@ class _Driver:
     # -- R-Net and O-Net -------------------------------------------------------------------------------------------
 
     def _stage2(self, boxes: torch.Tensor, img: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        boxes, img, crops = self._crops(boxes, img, 24)
-        reg, prob = _run_chunked(self.rnet, crops)
+        boxes, img, reg, prob = self._net_on_crops(self.rnet, boxes, img, 24)
         score = prob[:, 1]
         keep = (score > self.thresholds[1]).nonzero().squeeze(1)
         boxes = torch.cat([boxes[keep, :4], score[keep, None]], 1)
@@ -177,8 +176,7 @@ class _Driver:
         return square(regress(boxes[keep], reg[keep])), img[keep]
 
     def _stage3(self, boxes: torch.Tensor, img: torch.Tensor):
-        boxes, img, crops = self._crops(boxes, img, 48)
-        reg, lms, prob = _run_chunked(self.onet, crops)
+        boxes, img, reg, lms, prob = self._net_on_crops(self.onet, boxes, img, 48)
         score = prob[:, 1]
         keep = (score > self.thresholds[2]).nonzero().squeeze(1)
         boxes, img, reg, lms, score = boxes[keep, :4], img[keep], reg[keep], lms[keep], score[keep]
@@ -188,19 +186,23 @@ class _Driver:
         boxes = regress(torch.cat([boxes, score[:, None]], 1), reg)
         return boxes, img, score, points
 
-    def _crops(self, boxes: torch.Tensor, img: torch.Tensor, size: int):
-        """Each box cut from its own image (clipped to it) and area-resized to size x size, normalised."""
+    def _net_on_crops(self, net: torch.nn.Module, boxes: torch.Tensor, img: torch.Tensor, size: int):
+        """(boxes, img, *net outputs) for every box cut from its own image (clipped to it) and area-resized to
+        size x size; boxes whose clipped crop is empty are dropped (facenet skips them, then fails)."""
         hw = self.hw[img]
         xy = boxes[:, :4].trunc().long()                        # facenet: trunc, then 1-based clipping
         x0 = xy[:, 0].clamp(min=1) - 1
         y0 = xy[:, 1].clamp(min=1) - 1
         x1 = torch.minimum(xy[:, 2], hw[:, 1])
         y1 = torch.minimum(xy[:, 3], hw[:, 0])
-        ok = ((x1 > x0) & (y1 > y0)).nonzero().squeeze(1)     # empty crops: facenet skips (and crashes); drop
-        boxes, img, x0, y0, x1, y1 = boxes[ok], img[ok], x0[ok], y0[ok], x1[ok], y1[ok]
+        ok = ((x1 > x0) & (y1 > y0)).nonzero().squeeze(1)
+        boxes, img, x0, y0, h, w = boxes[ok], img[ok], x0[ok], y0[ok], (y1 - y0)[ok], (x1 - x0)[ok]
         full = torch.full_like(x0, size)
-        crops = self._area_resize(img, y0, x0, y1 - y0, x1 - x0, full, full, size, size)
-        return boxes, img, crops
+
+        def crops(a: int, z: int) -> torch.Tensor:
+            return self._area_resize(img[a:z], y0[a:z], x0[a:z], h[a:z], w[a:z], full[a:z], full[a:z], size, size)
+
+        return boxes, img, *_run_chunked(net, crops, len(boxes))
 
     def _area_resize(self, img, top, left, in_h, in_w, out_h, out_w, canvas_h: int, canvas_w: int) -> torch.Tensor:
         """Normalised [N, 3, canvas_h, canvas_w]: for each n, the rectangle (top, left, in_h, in_w) of image img[n]
@@ -272,26 +274,25 @@ def pnet_forward(pnet: torch.nn.Module, x: torch.Tensor, heights: torch.Tensor, 
     rows = torch.arange(y.shape[2], device=y.device)[None] < (heights - 2)[:, None]
     cols = torch.arange(y.shape[3], device=y.device)[None] < (widths - 2)[:, None]
     inside = (rows[:, :, None] & cols[:, None, :])[:, None]
-    y = torch.where(inside, y, torch.full_like(y, -1e4))
+    y = torch.where(inside, y, -1e4)
     y = pnet.prelu2(pnet.conv2(pnet.pool1(y)))
     y = pnet.prelu3(pnet.conv3(y))
     return pnet.conv4_2(y), pnet.softmax4_1(pnet.conv4_1(y))
 
 
-def _run_chunked(net: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """net(x) in chunks of CROPS_PER_CALL boxes (a huge candidate set cannot exhaust memory); off the CPU each chunk
-    is padded to a multiple of ROWS_ALIGN rows.
+def _run_chunked(net: torch.nn.Module, inputs, n: int) -> tuple[torch.Tensor, ...]:
+    """net(inputs(a, z)) over boxes a..z-1 in chunks of CROPS_PER_CALL boxes (crops are cut per chunk, so a huge
+    candidate set cannot exhaust memory); off the CPU each chunk is padded to a multiple of ROWS_ALIGN rows.
 
     The padding keeps every box's result independent of how many boxes share the call: BLAS/conv libraries take
     other code paths (other summation orders) for small batches (measured on CPU: below 16 rows), and a float32
     ULP change of a landmark can change restored pixels downstream. On a GPU the padded rows cost nothing; on the
     CPU they cost ~30% of a detection, and the CPU detector does not mix images of different sizes anyway.
     """
-    n = len(x)
-    align = 1 if x.device.type == "cpu" else ROWS_ALIGN
     outs = []
     for i in range(0, max(n, 1), CROPS_PER_CALL):
-        part = x[i:i + CROPS_PER_CALL]
+        part = inputs(i, min(n, i + CROPS_PER_CALL))
+        align = 1 if part.device.type == "cpu" else ROWS_ALIGN
         rows = max(align, -(-len(part) // align) * align)
         if rows != len(part):
             part = torch.cat([part, part.new_zeros((rows - len(part), *part.shape[1:]))])
