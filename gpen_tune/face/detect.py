@@ -4,11 +4,12 @@ Backends:
   * `retinaface_resnet50` / `retinaface_mobile0.25`: facexlib's RetinaFace networks (the detector upstream GPEN
     uses). Weights come from facexlib's GitHub release through our own downloader into
     `cache_dir()/detectors/`, or from a local file (upstream GPEN's `RetinaFace-R50.pth` has the same layout).
-  * `mtcnn`: facenet-pytorch's MTCNN, whose weights ship inside the wheel (MIT): works offline.
+  * `mtcnn`: facenet-pytorch's MTCNN networks, whose weights ship inside the wheel (MIT): works offline. Driven by
+    our batched driver (`gpen_tune.face.mtcnn_batched`); facenet's own driver is only the reference in tests.
   * `auto`: RetinaFace-R50 when its weights are cached or downloadable, else MTCNN with a one-line notice.
 
 Images are "HWC, RGB, uint8, [0, 255]". Detection runs on a copy whose long side is at most `det_size` and the
-coordinates are mapped back; same-size images are detected in one forward pass (MTCNN: images of any sizes).
+coordinates are mapped back; same-size images are detected in one forward pass (MTCNN on a GPU: images of any sizes).
 """
 
 from __future__ import annotations

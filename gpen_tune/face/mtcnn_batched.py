@@ -12,6 +12,17 @@ for every output pixel, the mean of an integer rectangle of input pixels, i.e. f
   zero-padded canvas per scale, so a mixed-size batch sees exactly the pixels each image sees alone;
 * the 24x24 / 48x48 crops of all boxes of all images in one gather, exactly facenet's per-box area resize (no
   bilinear approximation as with roi_align), up to float rounding (sums are exact integers here).
+Measured against facenet's driver on the test photos (astronaut, grace hopper, mosaics, a face cut by the border,
+the Solvay photo): the same boxes in the same number, max difference 1.3e-4 px on boxes and landmarks; a
+mixed-size batch gives each image its image-alone result to the same precision.
+
+Other differences from facenet's driver, none of which changes results:
+* NMS per (image, scale) and per image in one torchvision nms call each (`grouped_nms`, batched_nms semantics
+  without batched_nms's Python loop over groups for large inputs);
+* the last stage's "Min" NMS runs on the host on the final few boxes, vectorised (`min_nms_host`);
+* P-Net's ceil-mode pooling at each image's own border is reproduced on the padded canvas (`pnet_forward`);
+* boxes whose clipped crop is empty are dropped (facenet would fail on them).
+Host syncs: two per pyramid scale (nonzero, nms), a few per stage, one download at the end.
 """
 
 from __future__ import annotations
@@ -247,7 +258,7 @@ def _integral(canvas: torch.Tensor) -> torch.Tensor:
     b, h, w, _ = canvas.shape
     dtype = torch.int32 if 255 * h * w < 2**31 else torch.int64
     table = torch.zeros((b, h + 1, w + 1, 3), dtype=dtype, device=canvas.device)
-    table[:, 1:, 1:] = canvas.to(dtype).cumsum(1).cumsum(2)
+    table[:, 1:, 1:] = canvas.to(dtype).cumsum(1, dtype=dtype).cumsum(2, dtype=dtype)
     return table
 
 
