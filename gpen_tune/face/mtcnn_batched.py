@@ -62,7 +62,9 @@ def detect_mtcnn_batched(
         canvas, sizes = _upload(images, device)
         if canvas is None:
             return []
-        return _Driver(canvas, sizes, pnet, rnet, onet, float(min_face), tuple(thresholds), float(factor)).run()
+        driver = _Driver(canvas, sizes, pnet, rnet, onet, float(min_face), tuple(thresholds), float(factor))
+        del canvas                                             # only its summed-area table is needed from here
+        return driver.run()
 
 
 def _upload(images, device: torch.device) -> tuple[torch.Tensor | None, np.ndarray]:
@@ -106,7 +108,6 @@ class _Driver:
     """One batch through P-Net, R-Net and O-Net."""
 
     def __init__(self, canvas, sizes, pnet, rnet, onet, min_face, thresholds, factor):
-        self.canvas = canvas
         self.device = canvas.device
         self.sizes = sizes                                     # host [B, 2] (h, w)
         self.pnet, self.rnet, self.onet = pnet, rnet, onet
