@@ -4,11 +4,12 @@ Backends:
   * `retinaface_resnet50` / `retinaface_mobile0.25`: facexlib's RetinaFace networks (the detector upstream GPEN
     uses). Weights come from facexlib's GitHub release through our own downloader into
     `cache_dir()/detectors/`, or from a local file (upstream GPEN's `RetinaFace-R50.pth` has the same layout).
-  * `mtcnn`: facenet-pytorch's MTCNN, whose weights ship inside the wheel (MIT): works offline.
+  * `mtcnn`: facenet-pytorch's MTCNN networks, whose weights ship inside the wheel (MIT): works offline. Driven by
+    our batched driver (`gpen_tune.face.mtcnn_batched`); facenet's own driver is only the reference in tests.
   * `auto`: RetinaFace-R50 when its weights are cached or downloadable, else MTCNN with a one-line notice.
 
 Images are "HWC, RGB, uint8, [0, 255]". Detection runs on a copy whose long side is at most `det_size` and the
-coordinates are mapped back; same-size images are detected in one forward pass.
+coordinates are mapped back; same-size images are detected in one forward pass (MTCNN on a GPU: images of any sizes).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ NMS_IOU = 0.4                    # RetinaFace NMS overlap, as upstream
 MTCNN_MIN_FACE = 20              # px at detection scale (facenet-pytorch default)
 MTCNN_STAGE_THRESHOLDS = (0.6, 0.7, 0.7)
 MTCNN_PYRAMID_FACTOR = 0.709
-MAX_BATCH = 8                    # images per detector forward pass
+MAX_BATCH = 8                    # images per detector forward pass (RetinaFace: same-size images only)
+MTCNN_MAX_BATCH = 32             # images per batched-MTCNN call, of any sizes (P-Net chunks itself by pixels)
 REACH_TIMEOUT_S = 3.0            # `auto` never waits longer than this to learn that it is offline
 
 _RELEASE = "https://github.com/xinntao/facexlib/releases/download/v0.1.0/"
@@ -74,9 +76,15 @@ class Detection:
 
 
 class FaceDetector:
-    """Common part of every backend: shrink to `det_size`, batch same-size images, map coordinates back."""
+    """Common part of every backend: shrink to `det_size`, batch images, map coordinates back.
+
+    `mixed_sizes`: the backend's `_detect_batch` takes a list of images of different sizes (else: same-size
+    images are stacked into one array per call). `max_batch`: images per `_detect_batch` call.
+    """
 
     name = "base"
+    mixed_sizes = False
+    max_batch = MAX_BATCH
 
     def __init__(self, device: str | torch.device, threshold: float | None, det_size: int | None):
         self.device = torch.device(device)
@@ -89,11 +97,11 @@ class FaceDetector:
         groups: dict[tuple[int, int], list[tuple[int, np.ndarray, tuple[float, float]]]] = {}
         for i, img in enumerate(images):
             small, scale = self._shrink(img)
-            groups.setdefault(small.shape[:2], []).append((i, small, scale))
+            groups.setdefault((0, 0) if self.mixed_sizes else small.shape[:2], []).append((i, small, scale))
         for members in groups.values():
-            for start in range(0, len(members), MAX_BATCH):
-                chunk = members[start:start + MAX_BATCH]
-                batch = np.stack([m[1] for m in chunk])
+            for start in range(0, len(members), self.max_batch):
+                chunk = members[start:start + self.max_batch]
+                batch = [m[1] for m in chunk] if self.mixed_sizes else np.stack([m[1] for m in chunk])
                 with torch.inference_mode():
                     found = self._detect_batch(batch)
                 for (i, _, (sx, sy)), (boxes, scores, lms) in zip(chunk, found, strict=True):
@@ -111,8 +119,9 @@ class FaceDetector:
         small = cv2.resize(img, (nw, nh), interpolation=cv2.INTER_AREA)
         return small, (nw / w, nh / h)
 
-    def _detect_batch(self, batch: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """[B, H, W, 3] uint8 RGB -> per image (boxes [N, 4], scores [N], landmarks [N, 5, 2])."""
+    def _detect_batch(self, batch) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """[B, H, W, 3] uint8 RGB (or a list of HWC arrays when `mixed_sizes`) -> per image (boxes [N, 4],
+        scores [N], landmarks [N, 5, 2])."""
         raise NotImplementedError
 
     def to(self, device: str | torch.device) -> FaceDetector:
@@ -154,12 +163,22 @@ def _to_detections(boxes, scores, lms, sx: float, sy: float, threshold: float) -
 
 
 class MTCNNDetector(FaceDetector):
-    """facenet-pytorch's MTCNN (P/R/O-nets, weights in the wheel). Batched over same-size images."""
+    """facenet-pytorch's MTCNN networks (weights in the wheel) driven by our batched driver
+    (`gpen_tune.face.mtcnn_batched`): up to `MTCNN_MAX_BATCH` images of any sizes per call on a GPU.
+
+    On the CPU, images are still grouped by size (`mixed_sizes` False there): batching brings no speed on the CPU,
+    and the CPU convolution picks another code path by batch size (native below 2 images, oneDNN above), so
+    an image's landmarks would depend on its batch mates by a float32 ULP, enough to change restored pixels
+    downstream when serial and pipelined runs are compared.
+    """
 
     name = "mtcnn"
+    mixed_sizes = True
+    max_batch = MTCNN_MAX_BATCH
 
     def __init__(self, device="cpu", threshold=None, det_size=DEFAULT_DET_SIZE):
         super().__init__(device, threshold, det_size)
+        self.mixed_sizes = self.device.type != "cpu"
         try:
             from facenet_pytorch.models.mtcnn import ONet, PNet, RNet
         except ImportError as e:
@@ -168,6 +187,11 @@ class MTCNNDetector(FaceDetector):
             ) from e
         self.pnet, self.rnet, self.onet = (net().to(self.device).eval() for net in (PNet, RNet, ONet))
 
+    def to(self, device):
+        super().to(device)
+        self.mixed_sizes = self.device.type != "cpu"
+        return self
+
     def _networks(self):
         return [n for n in (self.pnet, self.rnet, self.onet) if n is not None]
 
@@ -175,22 +199,14 @@ class MTCNNDetector(FaceDetector):
         self.pnet = self.rnet = self.onet = None
 
     def _detect_batch(self, batch):
-        from facenet_pytorch.models.utils.detect_face import detect_face
+        from gpen_tune.face.mtcnn_batched import detect_mtcnn_batched
 
         if self.pnet is None:
             raise DetectorError("detector was closed")
-        if min(batch.shape[1:3]) < MTCNN_MIN_FACE:       # no pyramid level fits: nothing to find
-            empty = (np.zeros((0, 4)), np.zeros(0), np.zeros((0, 5, 2)))
-            return [empty] * len(batch)
-        boxes, points = detect_face(
-            batch, MTCNN_MIN_FACE, self.pnet, self.rnet, self.onet,
-            list(MTCNN_STAGE_THRESHOLDS), MTCNN_PYRAMID_FACTOR, self.device,
+        return detect_mtcnn_batched(
+            list(batch), self.pnet, self.rnet, self.onet, MTCNN_MIN_FACE,
+            MTCNN_STAGE_THRESHOLDS, MTCNN_PYRAMID_FACTOR, self.device,
         )
-        out = []
-        for b, p in zip(boxes, points, strict=True):
-            b = np.asarray(b, dtype=np.float64).reshape(-1, 5)
-            out.append((b[:, :4], b[:, 4], np.asarray(p, dtype=np.float64).reshape(-1, 5, 2)))
-        return out
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,0 +1,221 @@
+"""The batched MTCNN driver against facenet-pytorch's own driver (the reference) on real photos."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import numpy as np
+import pytest
+import torch
+from face_testdata import SOLVAY_FACES, solvay_path
+
+from gpen_tune.face import samples
+from gpen_tune.face.detect import (
+    DEFAULT_THRESHOLD,
+    MTCNN_MIN_FACE,
+    MTCNN_PYRAMID_FACTOR,
+    MTCNN_STAGE_THRESHOLDS,
+    MTCNNDetector,
+)
+from gpen_tune.face.mtcnn_batched import detect_mtcnn_batched, grouped_nms, min_nms_host, pyramid_scales
+
+PX_TOL = 0.05          # measured: <= 1.3e-4 px (the same pixels and arithmetic; only float summation order differs)
+
+
+@cache
+def nets():
+    from facenet_pytorch.models.mtcnn import ONet, PNet, RNet
+
+    return tuple(n().eval() for n in (PNet, RNet, ONet))
+
+
+def batched(images):
+    return detect_mtcnn_batched(images, *nets(), MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS, MTCNN_PYRAMID_FACTOR, "cpu")
+
+
+@cache
+def reference(key: str):
+    """facenet-pytorch's detect_face on one photo: (boxes, scores, landmarks), highest score first."""
+    from facenet_pytorch.models.utils.detect_face import detect_face
+
+    with torch.inference_mode():
+        boxes, points = detect_face(photo(key)[None], MTCNN_MIN_FACE, *nets(), list(MTCNN_STAGE_THRESHOLDS),
+                                    MTCNN_PYRAMID_FACTOR, "cpu")
+    b = np.asarray(boxes[0], dtype=np.float64).reshape(-1, 5)
+    p = np.asarray(points[0], dtype=np.float64).reshape(-1, 5, 2)
+    return by_score((b[:, :4], b[:, 4], p))
+
+
+@cache
+def _photo(key: str) -> np.ndarray:
+    if key == "solvay":
+        from gpen_tune.imageio import read_image
+
+        return read_image(solvay_path()).rgb8()
+    if key == "crop":          # a face cut by the right border: the padded-canvas edge case
+        return np.ascontiguousarray(samples.mosaic(4, 3)[:700, :900])
+    if key.startswith("mosaic"):
+        n, seed = map(int, key[6:].split("_"))
+        return samples.mosaic(n, seed)
+    return {"astronaut": samples.astronaut, "grace_hopper": samples.grace_hopper}[key]()
+
+
+def photo(key: str) -> np.ndarray:
+    return _photo(key).copy()
+
+
+def by_score(result):
+    boxes, scores, lms = result
+    order = np.argsort(-scores, kind="stable")
+    return boxes[order], scores[order], lms[order]
+
+
+def assert_same(got, want, tol=PX_TOL, score_tol=1e-4):
+    gb, gs, gl = by_score(got)
+    wb, ws, wl = want
+    assert (gs >= DEFAULT_THRESHOLD).sum() == (ws >= DEFAULT_THRESHOLD).sum()
+    assert len(gb) == len(wb)
+    assert gb.dtype == gl.dtype == np.float64 and gl.shape == (len(gb), 5, 2)
+    np.testing.assert_allclose(gb, wb, atol=tol, rtol=0)
+    np.testing.assert_allclose(gl, wl, atol=tol, rtol=0)
+    np.testing.assert_allclose(gs, ws, atol=score_tol, rtol=0)
+
+
+PHOTOS = ("astronaut", "grace_hopper", "mosaic6_0", "mosaic4_3", "crop")
+
+
+@pytest.mark.parametrize("key", PHOTOS)
+def test_matches_facenet_on_real_photos(key):
+    (got,) = batched([photo(key)])
+    assert_same(got, reference(key))
+    assert (got[1] >= DEFAULT_THRESHOLD).sum() >= 1
+
+
+def test_mosaic_face_counts():
+    image, tiles = samples.mosaic_with_tiles(6, 0)
+    (boxes, scores, _), = batched([image])
+    assert (scores >= DEFAULT_THRESHOLD).sum() == len(tiles) == 6
+
+
+def test_mixed_size_batch_equals_each_image_alone():
+    keys = ("mosaic6_0", "astronaut", "crop", "grace_hopper", "mosaic4_3")
+    together = batched([photo(k) for k in keys])
+    assert len(together) == len(keys)
+    for key, got in zip(keys, together, strict=True):
+        assert_same(got, reference(key))
+
+
+def test_uint8_tensor_batch():
+    a = photo("astronaut")
+    both = torch.from_numpy(np.stack([a, np.ascontiguousarray(a[:, ::-1])]))
+    got = batched(both)
+    assert_same(got[0], reference("astronaut"))
+    assert len(got[1][0]) == len(got[0][0])
+    lm = by_score(got[1])[2][0]
+    assert lm[0, 0] < lm[1, 0]                                   # mirrored: still image-left first
+    np.testing.assert_allclose(511 - lm[1, 0], reference("astronaut")[2][0, 0, 0], atol=3)
+
+
+@pytest.mark.parametrize("kind", ["coffee", "gradient"])
+def test_no_face_images(kind):
+    import skimage.data
+
+    if kind == "coffee":
+        img = skimage.data.coffee()
+    else:
+        ramp = np.linspace(0, 255, 400, dtype=np.float64)
+        img = np.stack(np.broadcast_arrays(ramp[None, :], ramp[:, None], ramp[None, ::-1]), -1).astype(np.uint8)
+    (boxes, scores, lms), = batched([img])
+    assert (scores >= DEFAULT_THRESHOLD).sum() == 0
+    assert lms.shape == (len(boxes), 5, 2)
+
+
+def test_tiny_images_give_nothing_also_next_to_a_face():
+    tiny = [np.zeros((12, 30, 3), np.uint8), np.full((1, 1, 3), 200, np.uint8), np.zeros((19, 400, 3), np.uint8)]
+    assert all(len(b) == 0 for b, _, _ in batched(tiny))
+    mixed = batched([tiny[0], photo("astronaut"), tiny[1]])
+    assert len(mixed[0][0]) == len(mixed[2][0]) == 0
+    assert_same(mixed[1], reference("astronaut"))
+    assert batched([]) == []
+
+
+def test_pyramid_matches_facenet_rule():
+    assert pyramid_scales(11, 20, 0.709) == []
+    s = pyramid_scales(512, 20, 0.709)
+    assert s[0] == 0.6 and 512 * s[-1] >= 12 > 512 * s[-1] * 0.709
+
+
+def test_grouped_nms_equals_torchvision_batched_nms():
+    from torchvision.ops import batched_nms
+
+    g = torch.Generator().manual_seed(0)
+    xy = torch.rand(600, 2, generator=g) * 300 - 20                   # negatives included
+    boxes = torch.cat([xy, xy + 5 + torch.rand(600, 2, generator=g) * 60], 1)
+    scores = torch.rand(600, generator=g)
+    groups = torch.randint(0, 7, (600,), generator=g)
+    ours = grouped_nms(boxes, scores, groups, 0.5)
+    theirs = batched_nms(boxes, scores, groups, 0.5)
+    assert torch.equal(ours.sort().values, theirs.sort().values)
+
+
+def test_min_nms_equals_facenet_numpy_version():
+    from facenet_pytorch.models.utils.detect_face import batched_nms_numpy
+
+    rng = np.random.default_rng(1)
+    xy = rng.uniform(0, 200, (300, 2))
+    boxes = np.concatenate([xy, xy + rng.uniform(5, 50, (300, 2))], 1)
+    scores = rng.permutation(300) / 300.0                             # distinct: no tie-breaking ambiguity
+    groups = rng.integers(0, 4, 300)
+    ours = min_nms_host(boxes, scores, groups, 0.7)
+    theirs = batched_nms_numpy(torch.from_numpy(boxes), torch.from_numpy(scores), torch.from_numpy(groups), 0.7, "Min")
+    assert 0 < len(ours) < 300
+    assert sorted(ours.tolist()) == sorted(theirs.tolist())
+
+
+def test_detector_sends_mixed_sizes_in_one_call():
+    det = MTCNNDetector("cpu")
+    assert not det.mixed_sizes and MTCNNDetector.mixed_sizes      # CPU: by size (see MTCNNDetector); GPU: mixed
+    det.pnet, det.rnet, det.onet = nets()
+    det.mixed_sizes = True
+    calls = []
+    inner = det._detect_batch
+    det._detect_batch = lambda batch: calls.append([im.shape for im in batch]) or inner(batch)
+    keys = ("astronaut", "grace_hopper", "mosaic6_0")
+    found = det.detect([photo(k) for k in keys])
+    assert len(calls) == 1 and len({s for s in calls[0]}) == 3      # one call, three sizes
+    assert [len(f) for f in found] == [1, 1, 6]
+
+
+@pytest.mark.shared_data
+def test_solvay_all_29_faces_like_facenet():
+    if solvay_path() is None:
+        pytest.skip("shared/data/solvay_conference_1927.png not present")
+    (got,) = batched([photo("solvay")])
+    assert_same(got, reference("solvay"))
+    assert (got[1] >= DEFAULT_THRESHOLD).sum() == SOLVAY_FACES
+
+
+def test_memory_chunking_changes_nothing(monkeypatch):
+    import gpen_tune.face.mtcnn_batched as driver
+
+    monkeypatch.setattr(driver, "PNET_MAX_PIXELS", 1)       # one image per P-Net call
+    monkeypatch.setattr(driver, "CROPS_PER_CALL", 7)        # R-Net / O-Net in chunks of 7 boxes
+    keys = ("astronaut", "mosaic6_0", "grace_hopper")
+    for key, got in zip(keys, batched([photo(k) for k in keys]), strict=True):
+        assert_same(got, reference(key))
+
+
+@pytest.mark.gpu
+def test_cuda_driver_matches_facenet_on_cpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cuda_nets = tuple(type(m)().to("cuda").eval() for m in nets())
+    keys = ("mosaic6_0", "astronaut", "crop", "grace_hopper", "mosaic4_3")
+    together = detect_mtcnn_batched([photo(k) for k in keys], *cuda_nets, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS,
+                                    MTCNN_PYRAMID_FACTOR, "cuda")
+    for key, got in zip(keys, together, strict=True):
+        assert_same(got, reference(key), tol=2.0, score_tol=1e-2)  # cuDNN may use TF32 convolutions
+    gpu_det = MTCNNDetector("cuda")
+    assert gpu_det.mixed_sizes
+    found = gpu_det.detect([photo(k) for k in keys])
+    assert [len(f) for f in found] == [int((reference(k)[1] >= DEFAULT_THRESHOLD).sum()) for k in keys]
