@@ -339,9 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cudnn.benchmark = False
     model = load_model(args.weights, model=args.model, device=device)
     restore, tune_info = build_restore(model, args.preset, device)
-    compiled_or_graphed = tune_info.get("effective", {}).get("compile") or tune_info.get("effective", {}).get(
-        "cuda_graph")
-    restore_fn = FixedBatch(restore, batch) if compiled_or_graphed else restore   # one input shape: one compile
+    effective = tune_info.get("effective", {})
+    # torch.compile: one input shape, one compile (every batch padded to `batch`); CUDA graphs alone pad each
+    # batch to its bucket (1, 2, 4, ..., batch), all captured during the warm-up below
+    compiled_or_graphed = bool(effective.get("compile"))
+    graphed = bool(effective.get("cuda_graph"))
+    restore_fn = FixedBatch(restore, batch) if compiled_or_graphed else restore
     meter = BusyMeter(restore_fn)
     settings = EnhanceSettings(model=args.model, weights=args.weights, detector=args.detector, device=device.type,
                                batch_size=batch, det_size=args.det_size or None)
@@ -353,7 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     warm_in = sorted(folder.iterdir())[: 1 if args.tiny else 8]
     with torch.inference_mode():
-        restore_fn(torch.zeros(batch, 3, enhancer.size, enhancer.size, device=device, dtype=enhancer.dtype))
+        for b in ([k for k in (1, 2, 4, 8, 16, 32, 64) if k <= batch] if graphed and not compiled_or_graphed
+                  else [batch]):
+            restore_fn(torch.zeros(b, 3, enhancer.size, enhancer.size, device=device, dtype=enhancer.dtype))
     enhance_folder(warm_in, work / "warm_serial", enhancer=enhancer, serial=True)
     enhance_folder(warm_in, work / "warm_pipe", enhancer=enhancer, workers=args.workers, max_batch=batch,
                    paste=args.paste, detect_batch=args.detect_batch, bucket_batches=not compiled_or_graphed)
@@ -366,6 +371,10 @@ def main(argv: list[str] | None = None) -> int:
         runs["serial"], summaries["serial"] = measure(
             "serial", lambda: enhance_folder(folder, work / "out_serial", enhancer=enhancer, serial=True), meter,
             device)
+    server = enhancer.detector                # the pipeline's BatchingDetector (installed by the warm-up run)
+    for k in ("calls", "images", "largest"):
+        if hasattr(server, k):
+            setattr(server, k, 0)             # count the measured pipeline run only
     print("pipeline ...", flush=True)
     runs["pipeline"], summaries["pipeline"] = measure(
         "pipeline", lambda: enhance_folder(folder, work / "out_pipeline", enhancer=enhancer, workers=args.workers,
@@ -383,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model,
         "weights": args.weights,
         "tune": tune_info,
+        "detector_server": {k: getattr(enhancer.detector, k, None) for k in ("calls", "images", "largest")},
         "settings": {"batch": batch, "fixed_batch_padding": bool(compiled_or_graphed), "workers": args.workers,
                      "max_wait_ms": args.max_wait_ms, "paste": args.paste, "detect_batch": args.detect_batch,
                      "detector": enhancer.detector.name,

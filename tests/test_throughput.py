@@ -550,3 +550,62 @@ def test_lazy_detector_released_between_batches_is_thread_safe(tmp_path):
     assert lazy.releases >= 1 and lazy.builds >= 2
     assert state["closed_while_busy"] == 0
     enh.close()
+
+
+# ---------------------------------------------------------------------------------------------------- detector server
+
+
+class _GatedDetector:
+    """The real MTCNN behind a gate: its first call waits until the test opens the gate, so the requests of the
+    other threads are all queued by then (ordering by an Event, not by timing). Records each call's batch size."""
+
+    def __init__(self):
+        from face_testdata import mtcnn
+
+        self.inner = mtcnn()
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.sizes: list[int] = []
+
+    def detect(self, images):
+        self.entered.set()
+        self.gate.wait()
+        self.sizes.append(len(images))
+        if any(im.ndim != 3 for im in images):
+            raise ValueError("detector input must be HWC RGB uint8")
+        return self.inner.detect(images)
+
+
+def test_detector_server_batches_waiting_callers_and_isolates_failures():
+    from gpen_tune.throughput.detect_server import BatchingDetector
+
+    photos = [samples.astronaut(), samples.grace_hopper(), samples.mosaic(4, 0), samples.astronaut()[::2, ::2].copy()]
+    alone = [len(d) for d in _GatedDetector().inner.detect(photos)]
+    gated = _GatedDetector()
+    server = BatchingDetector(gated)
+    got: dict[int, object] = {}
+
+    def call(i, img):
+        try:
+            got[i] = server.detect([img])[0]
+        except Exception as exc:
+            got[i] = exc
+
+    first = threading.Thread(target=call, args=(0, photos[0]))
+    first.start()
+    gated.entered.wait()                          # the server is inside its first call
+    bad = np.zeros((8, 8), np.uint8)              # not an image: fails, but only for its caller
+    others = [threading.Thread(target=call, args=(i, img)) for i, img in enumerate([*photos[1:], bad], start=1)]
+    for t in others:
+        t.start()
+    while server._queue.qsize() < len(others):    # all queued behind the blocked first call
+        time.sleep(0.01)
+    gated.gate.set()
+    for t in [first, *others]:
+        t.join()
+    server.close()
+    assert gated.sizes[:2] == [1, 4]              # the second call took the four waiting requests at once
+    assert [len(got[i]) for i in range(4)] == alone and alone[:3] == [1, 1, 4]
+    assert isinstance(got[4], ValueError)
+    with pytest.raises(RuntimeError, match="closed"):
+        server.detect([photos[0]])

@@ -50,9 +50,13 @@ class EnhancerStages:
         self.save_comparison = save_comparison
         # build lazily-created parts once, here: their properties are not safe to race from worker threads
         if not enhancer.settings.aligned:
+            from gpen_tune.throughput.detect_server import BatchingDetector
+
             det = enhancer.detector
-            if hasattr(det, "before_restore") and not isinstance(det, SharedDetector):
-                enhancer._detector = SharedDetector(det)   # a lazy detector: release only between detections
+            if not isinstance(det, BatchingDetector):
+                if hasattr(det, "before_restore") and not isinstance(det, SharedDetector):
+                    det = SharedDetector(det)      # a lazy detector: release only between detections
+                enhancer._detector = BatchingDetector(det)   # one detector thread serves every prepare worker
         if enhancer.settings.parse_mask and not enhancer.settings.aligned and enhancer.settings.strength > 0:
             _ = enhancer.parser
 
