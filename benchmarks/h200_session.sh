@@ -4,8 +4,9 @@
 #   benchmarks/h200_session.sh part1   # GPU tests, generator limit (quick), bench GPEN-BFR-512 and -256   (~9 min)
 #   benchmarks/h200_session.sh part2   # end-to-end folder throughput, serial vs pipeline in one run        (~4 min)
 #   benchmarks/h200_session.sh part3   # bench GPEN-BFR-512: default vs compile / amp / cuda-graph / presets (~2 min)
-#   benchmarks/h200_session.sh part4   # session 2: folder throughput (batched detector), plain bs1 before/after (~5 min)
+#   benchmarks/h200_session.sh part4   # session 2: folder throughput (batched detector), plain bs1 before/after, GPU tests (~5 min)
 #   benchmarks/h200_session.sh part5   # session 2: bench GPEN-BFR-512 and -256 on the final model, detector speed (~9 min)
+#   benchmarks/h200_session.sh part6   # session 2: GPU tests, throughput with float64 detector + 24 prepare threads (~4 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -43,11 +44,13 @@ case "${1:-part1}" in
     timeout 240 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --out "$DEST" 2>&1 | tail -14 >> "$LOG"
     step "throughput GPEN-BFR-512, preset balanced, pipeline only"
-    timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset balanced --images 256 --batch 32 \
+    timeout 110 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset balanced --images 256 --batch 32 \
       --skip-serial --out "$DEST" 2>&1 | tail -14 >> "$LOG"
     step "plain model at batch 1: eager vs graph, before/after the model change (bl_model = previous layers)"
     if [ -d bl_model ]; then BEFORE="--before bl_model"; else BEFORE=""; fi
-    timeout 150 "$PY" benchmarks/plain_bs1.py --model GPEN-BFR-512 $BEFORE --out "$DEST" 2>&1 | tail -40 >> "$LOG"
+    timeout 120 "$PY" benchmarks/plain_bs1.py --model GPEN-BFR-512 $BEFORE --out "$DEST" 2>&1 | tail -40 >> "$LOG"
+    step "GPU tests"
+    timeout 90 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -15 >> "$LOG"
     ;;
   part5)
     step "bench GPEN-BFR-512 (all rows)"
@@ -59,7 +62,20 @@ case "${1:-part1}" in
     timeout 110 "$PY" -m gpen_tune.bench --model GPEN-BFR-256 --device cuda --batch-sizes 1,4,16 --repeats 6 \
       --warmup 2 --max-minutes 1.3 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|part2|part3|part4|part5" >&2; exit 2 ;;
+  part6)
+    step "GPU tests"
+    timeout 100 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider --tb=short 2>&1 | tail -45 >> "$LOG"
+    step "throughput GPEN-BFR-512, preset speed, serial and pipeline"
+    timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --out "$DEST" 2>&1 | tail -14 >> "$LOG"
+    step "throughput GPEN-BFR-512, preset balanced, pipeline only"
+    timeout 90 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset balanced --images 256 --batch 32 \
+      --skip-serial --out "$DEST" 2>&1 | tail -14 >> "$LOG"
+    step "throughput GPEN-BFR-512, preset speed, pipeline only, GPU paste for every image"
+    timeout 90 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --paste gpu --skip-serial --out "$DEST" 2>&1 | tail -14 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|part2|part3|part4|part5|part6" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

@@ -227,7 +227,8 @@ def limiting_stage(res: dict) -> dict:
     st, wall = res["stages"], res["wall_s"]
     workers = st.get("workers", 1)
     share = {
-        "prepare (decode+detect+align), per worker": st.get("prepare_s", 0.0) / (workers * wall),
+        "prepare (decode+detect+align), per worker": st.get("prepare_s", 0.0) / (st.get("prepare_workers", workers)
+                                                                                   * wall),
         "generator (GPU)": res["generator_s"] / wall,
         "finish (paste+encode+write), per worker": st.get("finish_s", 0.0) / (workers * wall),
         "gpu stage waiting for prepared faces": st.get("gpu_wait_input_s", 0.0) / wall,
@@ -307,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--images", type=int, default=None, help="folder size (default 480 on CUDA, 4 with --tiny)")
     ap.add_argument("--batch", type=int, default=None, help="faces per generator call (default 32 on CUDA, else 4)")
     ap.add_argument("--workers", type=int, default=None, help="threads per CPU stage (default: half the cores)")
+    ap.add_argument("--prepare-workers", type=int, default=None,
+                    help="decode/detect/align threads (default: 3x workers up to 32 on CUDA)")
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
     ap.add_argument("--paste", default="auto", choices=("auto", "cpu", "gpu"))
     ap.add_argument("--detect-batch", type=int, default=1, help="images per detector call in a prepare worker")
@@ -360,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
                   else [batch]):
             restore_fn(torch.zeros(b, 3, enhancer.size, enhancer.size, device=device, dtype=enhancer.dtype))
     enhance_folder(warm_in, work / "warm_serial", enhancer=enhancer, serial=True)
-    enhance_folder(warm_in, work / "warm_pipe", enhancer=enhancer, workers=args.workers, max_batch=batch,
+    enhance_folder(warm_in, work / "warm_pipe", enhancer=enhancer, workers=args.workers,
+                   prepare_workers=args.prepare_workers, max_batch=batch,
                    paste=args.paste, detect_batch=args.detect_batch, bucket_batches=not compiled_or_graphed)
     warmup_s = time.perf_counter() - t
 
@@ -378,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     print("pipeline ...", flush=True)
     runs["pipeline"], summaries["pipeline"] = measure(
         "pipeline", lambda: enhance_folder(folder, work / "out_pipeline", enhancer=enhancer, workers=args.workers,
+                                           prepare_workers=args.prepare_workers,
                                            max_batch=batch, max_wait_ms=args.max_wait_ms, paste=args.paste,
                                            detect_batch=args.detect_batch,
                                            bucket_batches=not compiled_or_graphed), meter, device)
@@ -394,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         "tune": tune_info,
         "detector_server": {k: getattr(enhancer.detector, k, None) for k in ("calls", "images", "largest")},
         "settings": {"batch": batch, "fixed_batch_padding": bool(compiled_or_graphed), "workers": args.workers,
+                     "prepare_workers": pipe["stages"].get("prepare_workers"),
                      "max_wait_ms": args.max_wait_ms, "paste": args.paste, "detect_batch": args.detect_batch,
                      "detector": enhancer.detector.name,
                      "det_size": settings.det_size, "max_inflight": pipe["stages"].get("max_inflight")},

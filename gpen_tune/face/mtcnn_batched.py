@@ -135,7 +135,8 @@ class _Driver:
         for k, scale in enumerate(scales):
             members = np.flatnonzero(n_scales > k)              # images whose own pyramid reaches this scale
             level_hw = (self.sizes[members] * scale + 1).astype(np.int64)   # facenet's int(h * scale + 1)
-            per_call = max(1, PNET_MAX_PIXELS // int(level_hw.max(0).prod()))
+            budget = PNET_MAX_PIXELS * 4 // self.dtype.itemsize          # the same bytes in float64
+            per_call = max(1, budget // int(level_hw.max(0).prod()))
             for start in range(0, len(members), per_call):
                 idx = members[start:start + per_call]
                 cand, cand_img = self._pnet_candidates(idx, level_hw[start:start + per_call], scale)

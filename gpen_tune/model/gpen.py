@@ -106,10 +106,7 @@ class FullGenerator(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.compute_dtype)
-        if x.is_cuda:  # cuDNN's Hopper conv kernels are NHWC: channels-last avoids a layout copy around every conv
-            x = x.contiguous(memory_format=torch.channels_last)
-        out = self._forward_release(x) if self.release_features else self._forward(x)
-        return out.contiguous()
+        return self._forward_release(x) if self.release_features else self._forward(x)
 
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         feats = []

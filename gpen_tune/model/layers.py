@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpen_tune.ops.fir import BINOMIAL_TAPS, binomial_blur, fused_leaky_relu, make_kernel, upfirdn2d
+from gpen_tune.ops.fir import fused_leaky_relu, make_kernel, upfirdn2d
 
 SQRT2 = math.sqrt(2.0)
 LRELU_SLOPE = 0.2
@@ -42,9 +42,9 @@ class PixelNorm(nn.Module):
 class Blur(nn.Module):
     """Depthwise 4x4 FIR with zero padding; `kernel` is a persistent buffer (it is in the checkpoints).
 
-    `unit(x)` applies the FIR normalised to sum 1 and `gain` is the rest (4 after a 2x up-sampling conv), so a
-    caller can fold the gain into its weights. The usual [1,3,3,1] kernel runs as three box filters
-    (`binomial_blur`); a checkpoint whose kernel differs falls back to the generic FIR (checked at load time).
+    `unit(x, bias)` applies the FIR divided by `gain` (4 after a 2x up-sampling conv, 1 elsewhere) and adds a
+    per-channel bias in the same kernel, so an up-sampling conv can fold the gain into its weight and its bias into
+    the blur instead of spending a full-size pass on each.
     """
 
     def __init__(self, kernel: tuple[int, ...], pad: tuple[int, int], upsample_factor: int = 1):
@@ -55,28 +55,13 @@ class Blur(nn.Module):
             k = k * self.gain
         self.register_buffer("kernel", k)
         self.pad = pad
-        self.binomial = tuple(kernel) == BINOMIAL_TAPS and pad[0] == pad[1] and 0 <= pad[0] <= 3
-        self.register_load_state_dict_post_hook(_check_binomial)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.binomial:
-            y = binomial_blur(x, self.pad[0])
-            return y * self.gain if self.gain != 1.0 else y
         return upfirdn2d(x, self.kernel, pad=self.pad)
 
-    def unit(self, x: torch.Tensor) -> torch.Tensor:
-        """The FIR divided by `gain`."""
-        if self.binomial:
-            return binomial_blur(x, self.pad[0])
-        return upfirdn2d(x, self.kernel / self.gain, pad=self.pad)
-
-
-def _check_binomial(module: Blur, incompatible_keys) -> None:
-    """After load_state_dict: keep the box-filter path only if the loaded kernel is the binomial one."""
-    expected = make_kernel(BINOMIAL_TAPS) * module.gain
-    k = module.kernel
-    module.binomial = (module.binomial and k.device.type != "meta" and tuple(k.shape) == (4, 4)
-                       and torch.allclose(k.detach().float().cpu(), expected, rtol=0, atol=1e-6))
+    def unit(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        k = self.kernel if self.gain == 1.0 else self.kernel / self.gain
+        return upfirdn2d(x, k, pad=self.pad, bias=bias)
 
 
 class Upsample(nn.Module):
@@ -213,15 +198,12 @@ class ModulatedConv2d(nn.Module):
         coef = s[None, :] if d is None else d[0, :, None] * s[None, :]  # [cout or 1, cin]
         w = self.weight[0]
         weight = (w * coef.to(w.dtype)[:, :, None, None]).to(x.dtype)
-        if self.upsample:
-            y = self._conv(x, weight, None)
-            return y if bias is None else y.add_(bias[None, :, None, None])
         return self._conv(x, weight, bias)
 
     def _conv(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.upsample:
             x = F.conv_transpose2d(x, weight.transpose(0, 1), stride=2)  # H -> 2H+1
-            return self.blur.unit(x)                                       # 2H+1 -> 2H (gain is in the weight)
+            return self.blur.unit(x, bias)                                 # 2H+1 -> 2H (gain is in the weight)
         return F.conv2d(x, weight, bias, padding=self.padding)
 
     def demod_coefficients(self, style: torch.Tensor) -> torch.Tensor:
@@ -290,7 +272,13 @@ class StyledConv(nn.Module):
         y = self.conv(x, w, bias=bias[:c], gain=SQRT2)
         dtype = y.dtype
         noise_gain = self.noise.weight.to(dtype) * SQRT2
-        if self.low_memory:
+        if y.shape[0] == 1 and not self.low_memory:
+            # batch 1: each half of the output is a contiguous block, so the feature half is written in place
+            out = torch.empty((1, 2 * c, *y.shape[2:]), dtype=dtype, device=y.device)
+            out[:, :c].copy_(y)
+            del y
+            torch.addcmul(bias[None, c:, None, None], noise.to(dtype), noise_gain, out=out[:, c:])
+        elif self.low_memory:
             out = torch.cat([y, noise.to(dtype)], dim=1)
             del y
             out[:, c:].mul_(noise_gain).add_(bias[None, c:, None, None])

@@ -20,7 +20,8 @@ def make_kernel(k: tuple[int, ...] | list[int]) -> torch.Tensor:
 
 
 def upfirdn2d(
-    x: torch.Tensor, kernel: torch.Tensor, up: int = 1, down: int = 1, pad: tuple[int, int] = (0, 0)
+    x: torch.Tensor, kernel: torch.Tensor, up: int = 1, down: int = 1, pad: tuple[int, int] = (0, 0),
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Upsample by zero insertion, pad, convolve with `kernel` (depthwise, true convolution), downsample.
 
@@ -29,6 +30,7 @@ def upfirdn2d(
         kernel: [kh, kw] FIR, applied to every channel.
         up, down: integer factors, identical on both axes.
         pad: (before, after) zero padding, identical on both axes.
+        bias: optional [C] per-channel bias added by the same conv (before `down`).
     Returns:
         [N, C, (H*up + p0 + p1 - kh)//down + 1, ...].
     """
@@ -42,27 +44,9 @@ def upfirdn2d(
     if not same and (p0 or p1):
         x = F.pad(x, [p0, p1, p0, p1])
     weight = kernel.flip(0, 1).to(dtype=x.dtype).expand(c, 1, *kernel.shape)
-    x = F.conv2d(x, weight, groups=c, padding=p0 if same else 0)
+    x = F.conv2d(x, weight, bias, groups=c, padding=p0 if same else 0)   # bias: [C], added before `down`
     if down > 1:
         x = x[:, :, ::down, ::down]
-    return x
-
-
-BINOMIAL_TAPS = (1, 3, 3, 1)
-
-
-def binomial_blur(x: torch.Tensor, pad: int) -> torch.Tensor:
-    """upfirdn2d with StyleGAN2's [1,3,3,1] x [1,3,3,1] / 64 FIR and `pad` (<= 3) zeros on every side.
-
-    [1,3,3,1]/8 is the 2-tap box [1,1]/2 applied three times, so the 2-D FIR is three 2x2 average pools with
-    stride 1: memory-bound passes with a fast CUDA kernel, where PyTorch runs the depthwise 4x4 conv with a generic
-    kernel (22 % of GPEN-512's batch-1 GPU time, measured). Zero padding commutes the same way: one zero per side
-    before each of the first `pad` passes equals `pad` zeros before the 4-tap filter.
-    """
-    if not 0 <= pad <= 3:
-        raise ValueError(f"binomial_blur pads 0..3 per side, got {pad}")
-    for i in range(3):
-        x = F.avg_pool2d(x, 2, stride=1, padding=1 if i < pad else 0)
     return x
 
 

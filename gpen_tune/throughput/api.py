@@ -30,6 +30,7 @@ def enhance_folder(
     enhancer: Any = None,
     restore: Callable | None = None,
     workers: int | None = None,
+    prepare_workers: int | None = None,
     max_batch: int | None = None,
     max_wait_ms: float = 5.0,
     max_inflight: int | None = None,
@@ -53,6 +54,8 @@ def enhance_folder(
         enhancer: an Enhancer to reuse (its model, detector and restore callable); built from settings if None.
         restore: the generator callable (e.g. the tune part's `build_restorer(...)`) when building the enhancer.
         workers: threads per CPU stage (default: half the cores, 1..8).
+        prepare_workers: decode/detect/align threads (default: 3 x workers up to 32 on CUDA, where they mostly
+            wait for the batched detector; else `workers`).
         max_batch: largest generator batch, a CUDA-graph bucket (default 32 on CUDA, settings.batch_size on CPU).
         max_wait_ms: how long a partial batch waits for faces from further images.
         max_inflight: images held in memory at once (default 4 x workers + 8).
@@ -86,7 +89,7 @@ def enhance_folder(
         restorer = CropRestorer(enhancer.restore_fn, device, enhancer.size, max_batch=batch, dtype=enhancer.dtype)
         stages = EnhancerStages(enhancer, naming, paths, stems, paste, save_faces, save_comparison)
         cfg = RunnerConfig(workers=workers, max_batch=batch, max_wait_ms=max_wait_ms, max_inflight=max_inflight,
-                           bucket_batches=bucket_batches, detect_batch=detect_batch)
+                           bucket_batches=bucket_batches, detect_batch=detect_batch, prepare_workers=prepare_workers)
         return run_pipeline(paths, stages, restorer, cfg, on_result=on_result, before_restore=stages.before_restore,
                             restored_on_device=stages.device_paste_possible)
     finally:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -35,6 +36,11 @@ from gpen_tune.throughput.restorer import CropRestorer, PendingBatch
 _DONE = object()      # a prepare worker has no more input
 _POLL_S = 0.05        # how often blocked threads look at the stop flag
 _BUSY_POLL_S = 0.001  # how often a partial batch checks whether the device has become free
+# GIL hand-over interval while the runner's threads work (CPython's default is 5 ms). The threads that drive the
+# GPU (detector, generator) release the GIL at every host sync and cv2 call; with 16+ Python threads each re-take
+# waited up to the default interval, which made a GPU detector call of ~4 images last ~200 ms in a folder run
+# (H200, 20261130-194256 throughput run) against ~12 ms per image alone.
+SWITCH_INTERVAL_S = 0.0002
 
 
 class Stages(Protocol):
@@ -57,19 +63,25 @@ class Stages(Protocol):
 class RunnerConfig:
     """Knobs of the folder runner; None picks a default from the machine."""
 
-    workers: int | None = None            # threads per CPU stage (prepare and finish each)
+    workers: int | None = None            # threads per CPU stage (finish; prepare too unless set below)
     max_batch: int | None = None          # largest generator batch (rounded down to a CUDA-graph bucket)
     max_wait_ms: float = 5.0              # how long a partial batch waits for more faces (device idle)
     max_inflight: int | None = None       # images between "prepare started" and "result posted"
     bucket_batches: bool = True           # batches are bucket sizes; False: take up to the limit (padded restorer)
     detect_batch: int = 1                 # images a prepare worker takes at once (one batched detector call)
+    prepare_workers: int | None = None    # decode/detect/align threads (default: see `resolved`)
 
-    def resolved(self, device_type: str) -> tuple[int, int, int]:
-        """(workers, max_batch, max_inflight) with the defaults filled in."""
+    def resolved(self, device_type: str) -> tuple[int, int, int, int]:
+        """(workers, prepare_workers, max_batch, max_inflight) with the defaults filled in.
+
+        On CUDA the prepare threads mostly wait for the one detector thread (gpen_tune.throughput.detect_server),
+        and the number waiting is the detector's batch: 3x the finish threads (at most 32) keeps its batches
+        large. Elsewhere one per finish thread."""
         workers = self.workers or default_workers()
+        prepare = self.prepare_workers or (min(32, 3 * workers) if device_type == "cuda" else workers)
         max_batch = self.max_batch or (32 if device_type == "cuda" else 4)
-        inflight = self.max_inflight or max(8, 4 * workers + 8)
-        return workers, bucket_floor(max_batch), inflight
+        inflight = self.max_inflight or max(8, 2 * prepare + 2 * workers + 8)
+        return workers, prepare, bucket_floor(max_batch), inflight
 
 
 def default_workers(cpu_count: int | None = None) -> int:
@@ -197,7 +209,7 @@ class _Run:
         self.paths = paths
         self.stages = stages
         self.restorer = restorer
-        self.workers, max_batch, self.max_inflight = config.resolved(restorer.device.type)
+        self.workers, self.prepare_workers, max_batch, self.max_inflight = config.resolved(restorer.device.type)
         restorer.limit = min(restorer.limit, max_batch)
         self.max_wait = config.max_wait_ms / 1000.0
         self.detect_batch = max(1, config.detect_batch)
@@ -208,7 +220,7 @@ class _Run:
         self.interrupted = threading.Event()
         self.slots = threading.Semaphore(self.max_inflight)
         self.inflight = _Counter()
-        self.in_q = _Queue(self.workers)
+        self.in_q = _Queue(self.prepare_workers)
         self.ready_q = _Queue(self.max_inflight)
         self.finish_q = _Queue(2 * self.workers)
         self.result_q: queue.Queue = queue.Queue()   # unbounded but holds at most max_inflight results
@@ -286,7 +298,7 @@ class _Run:
             self.inflight.add(1)
             if not self._put(self.in_q, index):
                 return
-        for _ in range(self.workers):
+        for _ in range(self.prepare_workers):
             if not self._put(self.in_q, None):
                 return
 
@@ -351,7 +363,7 @@ class _Run:
     def _gpu_stage(self) -> None:
         pending: list[tuple[_JobState, int]] = []    # faces waiting for a batch, arrival order
         inflight: tuple[PendingBatch, list[tuple[_JobState, int]]] | None = None
-        producers = self.workers
+        producers = self.prepare_workers
         deadline = 0.0
         t_start = time.perf_counter()
         on_restored = getattr(self.stages, "restored", None)     # optional: per-face share of the batch time
@@ -487,10 +499,18 @@ class _Run:
 
     # -- driver -------------------------------------------------------------------------------------------------
     def execute(self, on_result: Callable[[ImageResult], None] | None) -> RunSummary:
+        saved_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(saved_interval, SWITCH_INTERVAL_S))
+        try:
+            return self._execute(on_result)
+        finally:
+            sys.setswitchinterval(saved_interval)
+
+    def _execute(self, on_result: Callable[[ImageResult], None] | None) -> RunSummary:
         t0 = time.perf_counter()
         threads = [threading.Thread(target=self._guard(self._feeder), name="gpen-feed", daemon=True)]
         threads += [threading.Thread(target=self._guard(self._prepare_worker), name=f"gpen-prep{i}", daemon=True)
-                    for i in range(self.workers)]
+                    for i in range(self.prepare_workers)]
         threads.append(threading.Thread(target=self._guard(self._gpu_stage), name="gpen-gpu", daemon=True))
         threads += [threading.Thread(target=self._guard(self._finish_worker), name=f"gpen-fin{i}", daemon=True)
                     for i in range(self.workers)]
@@ -522,7 +542,8 @@ class _Run:
         stages = dict(self.t)
         times = self.restorer.times
         stages.update(
-            workers=self.workers, max_inflight=self.max_inflight, peak_inflight=self.inflight.peak,
+            workers=self.workers, prepare_workers=self.prepare_workers, max_inflight=self.max_inflight,
+            peak_inflight=self.inflight.peak,
             queue_peaks={"in": self.in_q.peak, "ready": self.ready_q.peak, "finish": self.finish_q.peak},
             queue_bounds={"in": self.in_q.maxsize, "ready": self.ready_q.maxsize, "finish": self.finish_q.maxsize},
             batch_limit=self.restorer.limit, batches=times.batches, faces=times.faces,

@@ -12,9 +12,9 @@ What changes (activation peaks traced on the CPU by `gpen_tune.tune.live_memory`
    from 3 channels and one strided 3x3), so the peak no longer holds them across the decoder.
 2. `StyledConv.low_memory = True`: the encoder feature is scaled inside the concatenation buffer instead of in a
    temporary (one C-channel map less at each level's peak, one extra pass over it).
-GPEN-512 at batch 1, fp32: 507 -> 385 MiB (-24%); the tiny test config 15.7 -> 12.1 MiB. (The in-place bias +
+GPEN-512 at batch 1, fp32: 462 -> 385 MiB (-17%); the tiny test config 14.6 -> 12.1 MiB. (The in-place bias +
 leaky ReLU + gain that this switch used to add is now the model's default arithmetic, see model/layers.py: the
-default itself went from 635 to 507 MiB.) On the GPU, `bench` measures the real peak (allocator rounding and
+default itself went from 635 to 462 MiB.) On the GPU, `bench` measures the real peak (allocator rounding and
 cuDNN workspaces included).
 Tolerance: identical output in fp32 up to float rounding (the same products, summed in another order: tested
 to 1e-5).
