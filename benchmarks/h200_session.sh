@@ -7,6 +7,7 @@
 #   benchmarks/h200_session.sh part4   # session 2: folder throughput (batched detector), plain bs1 before/after, GPU tests (~5 min)
 #   benchmarks/h200_session.sh part5   # session 2: bench GPEN-BFR-512 and -256 on the final model, detector speed (~9 min)
 #   benchmarks/h200_session.sh part6   # session 2: GPU tests, throughput with float64 detector + 24 prepare threads (~4 min)
+#   benchmarks/h200_session.sh part7   # session 2: detector/runner GPU tests, throughput with the float32 detector (~3 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -75,7 +76,15 @@ case "${1:-part1}" in
     timeout 90 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --paste gpu --skip-serial --out "$DEST" 2>&1 | tail -14 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|part2|part3|part4|part5|part6" >&2; exit 2 ;;
+  part7)
+    step "GPU tests of the detector and the folder runner, with tracebacks"
+    timeout 60 "$PY" -m pytest -q -m gpu tests/test_mtcnn_batched.py tests/test_throughput.py -p no:cacheprovider \
+      --tb=short 2>&1 | tail -60 >> "$LOG"
+    step "throughput GPEN-BFR-512, preset speed, serial and pipeline (float32 detector, 24 prepare threads)"
+    timeout 110 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --out "$DEST" 2>&1 | tail -14 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|part2|part3|part4|part5|part6|part7" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

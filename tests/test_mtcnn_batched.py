@@ -75,6 +75,11 @@ def assert_same(got, want, tol=PX_TOL, score_tol=1e-4):
     wb, ws, wl = want
     assert (gs >= DEFAULT_THRESHOLD).sum() == (ws >= DEFAULT_THRESHOLD).sum()
     assert len(gb) == len(wb)
+    # pair faces by position, not by score rank: near-equal scores (0.9999...) may swap ranks within score_tol
+    dist = np.abs(gb[None, :, :] - wb[:, None, :]).max(-1)             # [want, got]
+    pairing = dist.argmin(1)
+    assert len(set(pairing.tolist())) == len(wb)
+    gb, gs, gl = gb[pairing], gs[pairing], gl[pairing]
     assert gb.dtype == gl.dtype == np.float64 and gl.shape == (len(gb), 5, 2)
     np.testing.assert_allclose(gb, wb, atol=tol, rtol=0)
     np.testing.assert_allclose(gl, wl, atol=tol, rtol=0)
