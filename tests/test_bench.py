@@ -86,7 +86,7 @@ def test_bench_writes_json_markdown_and_png(bench_run):
     assert default["best_batch"] in (1, 2) and default["ms_per_face_bs1"] > 0
 
     assert rows["amp"]["psnr_db"] >= 40.0 and rows["amp"]["effective"] == "amp=bf16"
-    assert rows["act_checkpoint"]["max_abs"] == 0.0  # bit-identical
+    assert rows["act_checkpoint"]["max_abs"] <= 1e-5  # same output up to float rounding
     assert rows["cuda_graph"]["status"] == "skipped"
     assert "CUDA Graphs need a CUDA device" in rows["cuda_graph"]["reason"]
     assert rows["lazy_detector"]["status"] == "skipped" and "nothing to free" in rows["lazy_detector"]["reason"]
