@@ -189,9 +189,11 @@ def enhance(
     template: Annotated[TemplateChoice, typer.Option(help="Alignment template: gpen (upstream GPEN) or ffhq "
                                                      "(GFPGAN/facefusion).",
                                                      rich_help_panel=DETECT_PANEL)] = TemplateChoice.gpen,
-    workers: Annotated[int | None, typer.Option(min=1, help="CPU threads per stage (decode/detect and "
-                                                "paste/encode) of the pipelined runner (default: half the cores, "
-                                                "1..8).", rich_help_panel=MODEL_PANEL)] = None,
+    workers: Annotated[int | None, typer.Option(min=1, help="Paste/encode threads of the pipelined runner "
+                                                "(default: half the cores, 1..8); decode/align threads are 3x "
+                                                "that on CUDA (at most 32, they mostly wait for the one detector "
+                                                "thread), the same number elsewhere.",
+                                                rich_help_panel=MODEL_PANEL)] = None,
     serial: Annotated[bool, typer.Option("--serial", help="Process images one step at a time (the serial path) "
                                          "instead of the pipelined runner used for several inputs.",
                                          rich_help_panel=MODEL_PANEL)] = False,

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpen_tune.ops.fir import fused_leaky_relu, make_kernel, upfirdn2d
+from gpen_tune.ops.fir import make_kernel, upfirdn2d
 
 SQRT2 = math.sqrt(2.0)
 LRELU_SLOPE = 0.2
@@ -116,10 +116,8 @@ class EqualLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.to(self.weight.dtype)  # the style path runs in the linear layers' dtype (fp32 under --amp)
-        if x.dim() != 2:  # not used by GPEN; the plain formulation
-            if self.activation:
-                return fused_leaky_relu(F.linear(x, self.weight * self.scale), self.bias * self.lr_mul)
-            return F.linear(x, self.weight * self.scale, None if self.bias is None else self.bias * self.lr_mul)
+        if x.dim() != 2:  # GPEN only feeds [B, C]; other shapes go through the same GEMM
+            return self(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
         gain = SQRT2 if self.activation else 1.0
         if self.bias is None:
             out = F.linear(x, self.weight) * (self.scale * gain)
@@ -132,14 +130,12 @@ class EqualLinear(nn.Module):
 
 
 class FusedLeakyReLU(nn.Module):
-    """Per-channel bias + sqrt(2)-scaled leaky ReLU; the bias is the checkpoint's `activate.bias`."""
+    """Holds the checkpoint's `activate.bias` of a per-channel bias + sqrt(2)-scaled leaky ReLU; the owning layer
+    (StyledConv, ConvLayer) applies it, folded into its conv and in-place ReLU."""
 
     def __init__(self, channel: int):
         super().__init__()
         self.bias = nn.Parameter(torch.zeros(channel))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fused_leaky_relu(x, self.bias)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -231,14 +227,12 @@ class ModulatedConv2d(nn.Module):
 
 
 class NoiseInjection(nn.Module):
-    """GPEN's 'noise': the encoder feature of the same resolution, scaled by a learned scalar and concatenated."""
+    """Holds GPEN's 'noise' scalar (`noise.weight`): the encoder feature of the same resolution is scaled by it and
+    concatenated after the modulated conv; StyledConv applies it (inside its output buffer)."""
 
     def __init__(self):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(1))
-
-    def forward(self, image: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        return torch.cat([image, noise.to(image.dtype) * self.weight.to(image.dtype)], dim=1)
 
 
 class ConstantInput(nn.Module):
