@@ -8,6 +8,7 @@
 #   benchmarks/h200_session.sh part5   # session 2: bench GPEN-BFR-512 and -256 on the final model, detector speed (~9 min)
 #   benchmarks/h200_session.sh part6   # session 2: GPU tests, throughput with float64 detector + 24 prepare threads (~4 min)
 #   benchmarks/h200_session.sh part7   # session 2: detector/runner GPU tests, throughput with the float32 detector (~3 min)
+#   benchmarks/h200_session.sh part9   # next: Triton FIR A/B at bs1, GPU tests, bench GPEN-BFR-512 (~10 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -84,7 +85,16 @@ case "${1:-part1}" in
     timeout 110 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --out "$DEST" 2>&1 | tail -14 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|part2|part3|part4|part5|part6|part7" >&2; exit 2 ;;
+  part9)
+    step "plain model at batch 1: PyTorch's depthwise FIR vs the Triton FIR, eager and graph, one run"
+    timeout 120 "$PY" benchmarks/plain_bs1.py --model GPEN-BFR-512 --out "$DEST" 2>&1 | tail -40 >> "$LOG"
+    step "GPU tests"
+    timeout 100 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider --tb=short 2>&1 | tail -30 >> "$LOG"
+    step "bench GPEN-BFR-512 (all rows, Triton FIR)"
+    timeout 400 "$PY" -m gpen_tune.bench --model GPEN-BFR-512 --device cuda --batch-sizes 1,4,16 --repeats 6 \
+      --warmup 2 --max-minutes 5.6 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|part2|part3|part4|part5|part6|part7|part9" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

@@ -4,6 +4,8 @@ Issue 4's `--cuda-graph` target is "bs1 with graphs at most half the eager bs1 t
 launch cost, not the GPU's work, so the ratio is decided by how much GPU time one bs1 forward needs. This script
 measures, in one process and on the same weights and input:
   * eager and graph-replay ms at batch 1 (median of --repeats, CUDA events) for fp32 (TF32 convs) and bf16,
+  * the current model with PyTorch's depthwise conv for the 4x4 FIR ("after_torch_fir") and with the Triton FIR
+    ("after"),
   * optionally the same for an earlier formulation of the model (`--before DIR` holding its layers.py, gpen.py and
     fir.py), so a change to the model is measured against its baseline in the same run,
   * a kernel-level profile (torch.profiler) of one eager bs1 forward: the top kernels by GPU time, and totals.
@@ -30,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from gpen_tune.bench.measure import summary, time_calls  # noqa: E402
 from gpen_tune.model.load import load_model  # noqa: E402
+from gpen_tune.ops import fir_triton  # noqa: E402
 from gpen_tune.tune.amp import cast_model  # noqa: E402
 from gpen_tune.tune.cuda_graph import GraphedForward  # noqa: E402
 
@@ -91,10 +94,11 @@ def main() -> None:
     before_cls = load_before(args.before) if args.before else None
     size = int(args.model.rsplit("-", 1)[-1])
     x = torch.rand(1, 3, size, size, device=device) * 2 - 1
-    variants = ["before", "after"] if before_cls else ["after"]
+    variants = (["before"] if before_cls else []) + ["after_torch_fir", "after"]
     results, reference = [], {}
     for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         for variant in variants:
+            fir_triton.ENABLED = variant != "after_torch_fir"   # A/B of the Triton FIR in the same run
             net = build(variant, args.model, dtype, before_cls, device)
             with torch.inference_mode():
                 for _ in range(3):
@@ -116,7 +120,7 @@ def main() -> None:
                     "max_abs_vs_first_variant": float((out.float() - ref).abs().max()),
                     "graph_equals_eager": bool(torch.equal(g_out, out)),
                 }
-                if variant == "after" or dtype_name == "fp32":
+                if variant.startswith("after") or dtype_name == "fp32":
                     row["profile_eager_bs1"] = profile_forward(net, x, args.top)
             print(json.dumps({k: v for k, v in row.items() if k != "profile_eager_bs1"}), flush=True)
             results.append(row)

@@ -40,6 +40,11 @@ def upfirdn2d(
         x = F.pad(x, [0, up - 1, 0, 0, 0, up - 1])
         x = x.reshape(n, c, h * up, w * up)
     p0, p1 = pad
+    from gpen_tune.ops import fir_triton
+
+    if p0 >= 0 and p1 >= 0 and fir_triton.applies(x, kernel):   # CUDA: one Triton pass (see fir_triton.py)
+        x = fir_triton.fir4(x, kernel, (p0, p1), bias)
+        return x[:, :, ::down, ::down] if down > 1 else x
     same = p0 == p1 and p0 >= 0                 # symmetric: let the conv pad (no padded copy of x)
     if not same and (p0 or p1):
         x = F.pad(x, [p0, p1, p0, p1])

@@ -1,0 +1,78 @@
+"""The Triton 4x4 FIR (gpen_tune/ops/fir_triton.py) against PyTorch's conv path, run through Triton's CPU
+interpreter in a subprocess (TRITON_INTERPRET=1 must be set before Triton is imported)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_SCRIPT = r"""
+import json, sys, torch
+sys.path.insert(0, "tests")
+from gpen_reference import gpen_forward_ref
+from gpen_tune.model import GPENConfig
+from gpen_tune.model.load import load_model
+from gpen_tune.ops import fir_triton
+from gpen_tune.ops.fir import make_kernel, upfirdn2d
+
+res = {}
+g = torch.Generator().manual_seed(0)
+cases = [("sym1", (2, 5, 19, 23), (1, 1), 1, 1, torch.float32), ("sym2", (1, 3, 17, 70), (2, 2), 1, 1, torch.float32),
+         ("up2", (2, 3, 9, 11), (2, 1), 2, 1, torch.float32), ("down2", (1, 2, 12, 13), (1, 1), 1, 2, torch.float32),
+         ("bf16", (1, 4, 20, 20), (1, 1), 1, 1, torch.bfloat16)]
+for name, shape, pad, up, down, dtype in cases:
+    x = torch.randn(shape, generator=g).to(dtype)
+    k = make_kernel((1, 3, 3, 1)) * 4
+    bias = torch.randn(shape[1], generator=g).to(dtype)
+    res[name + "_applies"] = fir_triton.applies(x, k)
+    got = upfirdn2d(x, k, up=up, down=down, pad=pad, bias=bias)
+    fir_triton.ENABLED = False
+    want = upfirdn2d(x.double(), k.double(), up=up, down=down, pad=pad, bias=bias.double())
+    fir_triton.ENABLED = True
+    res[name] = float((got.double() - want).abs().max() / want.abs().max()) if got.shape == want.shape else 1.0
+x = torch.randn(1, 2, 8, 8)
+k = make_kernel((1, 3, 3, 1))
+res["skips_non_contiguous"] = not fir_triton.applies(x.transpose(2, 3), k)
+res["skips_grad"] = not fir_triton.applies(x.requires_grad_(), k)
+cfg = GPENConfig(32, narrow=0.25)
+model = load_model("synthetic", model=cfg)
+sd = {key: v.clone() for key, v in model.state_dict().items()}
+xs = torch.rand(2, 3, 32, 32, generator=g) * 2 - 1
+with torch.no_grad():
+    res["model_vs_reference"] = float((model(xs) - gpen_forward_ref(sd, xs)).abs().max())
+    res["model_bs1_vs_reference"] = float((model(xs[:1]) - gpen_forward_ref(sd, xs[:1])).abs().max())
+print("RESULT" + json.dumps(res))
+"""
+
+
+def test_triton_fir_matches_the_conv_path_in_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=600,
+                          cwd=ROOT)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
+    assert line, f"interpreter run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    res = json.loads(line[len("RESULT"):])
+    for name in ("sym1", "sym2", "up2", "down2"):
+        assert res[name + "_applies"] is True and res[name] <= 1e-6, (name, res)
+    assert res["bf16_applies"] is True and res["bf16"] <= 1e-2, res
+    assert res["skips_non_contiguous"] and res["skips_grad"], res
+    assert res["model_vs_reference"] <= 1e-4 and res["model_bs1_vs_reference"] <= 1e-4, res
+
+
+def test_cpu_tensors_take_the_conv_path():
+    import torch
+
+    from gpen_tune.ops import fir_triton
+    from gpen_tune.ops.fir import make_kernel
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter runs Triton on the CPU")
+    assert not fir_triton.applies(torch.zeros(1, 2, 8, 8), make_kernel((1, 3, 3, 1)))
