@@ -8,6 +8,7 @@
 #   benchmarks/h200_session.sh part5   # session 2: bench GPEN-BFR-512 and -256 on the final model, detector speed (~9 min)
 #   benchmarks/h200_session.sh part6   # session 2: GPU tests, throughput with float64 detector + 24 prepare threads (~4 min)
 #   benchmarks/h200_session.sh part7   # session 2: detector/runner GPU tests, throughput with the float32 detector (~3 min)
+#   benchmarks/h200_session.sh part8   # next: A/B of the shrink to det_size in the callers' threads (~2 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -84,7 +85,12 @@ case "${1:-part1}" in
     timeout 110 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --out "$DEST" 2>&1 | tail -14 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|part2|part3|part4|part5|part6|part7" >&2; exit 2 ;;
+  part8)
+    step "throughput GPEN-BFR-512, preset speed: serial, pipeline (shrink in callers), pipeline (shrink in detector)"
+    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --ab-caller-shrink --out "$DEST" 2>&1 | tail -16 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|part2|part3|part4|part5|part6|part7|part8" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

@@ -37,8 +37,11 @@ class BatchingDetector:
     Everything else (`name`, `before_restore`, ...) is forwarded to the wrapped detector.
     """
 
-    def __init__(self, inner: Any, max_images: int = MAX_IMAGES):
+    def __init__(self, inner: Any, max_images: int = MAX_IMAGES, shrink_in_caller: bool = True):
         self._inner = inner
+        # the shrink to det_size (cv2, releases the GIL) runs in each caller's thread instead of serially in the
+        # server; det_size is read once here (reading it later from a lazy detector could rebuild it)
+        self._det_size = getattr(inner, "det_size", None) if shrink_in_caller else None
         self._max_images = max_images
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -55,6 +58,15 @@ class BatchingDetector:
     def detect(self, images: Sequence[np.ndarray]) -> list:
         if not images:
             return []
+        if self._det_size:
+            from gpen_tune.face.detect import rescale, shrink_for_detection
+
+            shrunk = [shrink_for_detection(img, self._det_size) for img in images]
+            found = self._detect([small for small, _ in shrunk])
+            return [rescale(dets, sx, sy) for dets, (_, (sx, sy)) in zip(found, shrunk, strict=True)]
+        return self._detect(images)
+
+    def _detect(self, images: Sequence[np.ndarray]) -> list:
         req = _Request(list(images))
         with self._lock:
             if self._closed:
