@@ -8,7 +8,9 @@
 #   benchmarks/h200_session.sh part5   # session 2: bench GPEN-BFR-512 and -256 on the final model, detector speed (~9 min)
 #   benchmarks/h200_session.sh part6   # session 2: GPU tests, throughput with float64 detector + 24 prepare threads (~4 min)
 #   benchmarks/h200_session.sh part7   # session 2: detector/runner GPU tests, throughput with the float32 detector (~3 min)
-#   benchmarks/h200_session.sh part9   # next: Triton FIR A/B at bs1, GPU tests, bench GPEN-BFR-512 (~10 min)
+#   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
+#   benchmarks/h200_session.sh part9   # Triton FIR A/B at bs1, GPU tests, bench GPEN-BFR-512 (~10 min)
+#   benchmarks/h200_session.sh part10  # session 3: Triton FIR A/B, GPU tests, caller-shrink A/B, GIL profile, GPU JPEG probe (~8 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -85,6 +87,11 @@ case "${1:-part1}" in
     timeout 110 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --out "$DEST" 2>&1 | tail -14 >> "$LOG"
     ;;
+  part8)
+    step "throughput GPEN-BFR-512, preset speed: serial, pipeline (shrink in callers), pipeline (shrink in detector)"
+    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --ab-caller-shrink --out "$DEST" 2>&1 | tail -16 >> "$LOG"
+    ;;
   part9)
     step "plain model at batch 1: PyTorch's depthwise FIR vs the Triton FIR, eager and graph, one run"
     timeout 120 "$PY" benchmarks/plain_bs1.py --model GPEN-BFR-512 --out "$DEST" 2>&1 | tail -40 >> "$LOG"
@@ -94,7 +101,24 @@ case "${1:-part1}" in
     timeout 400 "$PY" -m gpen_tune.bench --model GPEN-BFR-512 --device cuda --batch-sizes 1,4,16 --repeats 6 \
       --warmup 2 --max-minutes 5.6 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|part2|part3|part4|part5|part6|part7|part9" >&2; exit 2 ;;
+  part10)
+    step "plain model at batch 1: PyTorch's depthwise FIR vs the Triton FIR, eager and graph, one run"
+    timeout 120 "$PY" benchmarks/plain_bs1.py --model GPEN-BFR-512 --out "$DEST" 2>&1 | tail -40 >> "$LOG"
+    step "GPU tests"
+    timeout 110 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider --tb=short 2>&1 | tail -30 >> "$LOG"
+    step "throughput GPEN-BFR-512, preset speed: serial, pipeline (shrink in callers), pipeline (shrink in detector)"
+    timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --ab-caller-shrink --out "$DEST" 2>&1 | tail -16 >> "$LOG"
+    step "where the GIL goes in a pipeline run (py-spy --gil, raw stacks)"
+    if command -v py-spy >/dev/null; then
+      timeout 100 py-spy record --gil --threads --rate 250 --format raw -o "$DEST/pyspy_gil_pipeline.txt" -- \
+        "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 --skip-serial \
+        --out "$DEST/pyspy_run" 2>&1 | tail -8 >> "$LOG"
+    else echo "py-spy not installed" >> "$LOG"; fi
+    step "GPU JPEG decode probe (torchvision.io on CUDA vs cv2)"
+    timeout 60 "$PY" benchmarks/jpeg_probe.py --out "$DEST" 2>&1 | tail -20 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part10" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

@@ -316,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--detector", default="mtcnn", help="mtcnn works offline; retinaface needs cached weights")
     ap.add_argument("--det-size", type=int, default=1024, help="long side the detector sees (0 = native)")
     ap.add_argument("--skip-serial", action="store_true")
+    ap.add_argument("--ab-caller-shrink", action="store_true",
+                    help="also run the pipeline with the previous detector thread (it shrinks every image itself, "
+                         "on the default CUDA stream): A/B in the same run")
     ap.add_argument("--workdir", type=Path, default=None, help="where the folders go (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -386,6 +389,18 @@ def main(argv: list[str] | None = None) -> int:
                                            max_batch=batch, max_wait_ms=args.max_wait_ms, paste=args.paste,
                                            detect_batch=args.detect_batch,
                                            bucket_batches=not compiled_or_graphed), meter, device)
+    if args.ab_caller_shrink and hasattr(server, "_det_size"):
+        # same run, same folder: the detector thread shrinks every image itself (the previous behaviour)
+        kept, server._det_size = server._det_size, None
+        server.own_stream = False
+        print("pipeline, previous detector thread ...", flush=True)
+        runs["pipeline_server_shrink"], _ = measure(
+            "pipeline_server_shrink",
+            lambda: enhance_folder(folder, work / "out_pipeline_b", enhancer=enhancer, workers=args.workers,
+                                   prepare_workers=args.prepare_workers, max_batch=batch,
+                                   max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
+                                   bucket_batches=not compiled_or_graphed), meter, device)
+        server._det_size, server.own_stream = kept, True
     pipe = runs["pipeline"]
     pipe["stage_analysis"] = limiting_stage(pipe)
 

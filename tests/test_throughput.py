@@ -619,3 +619,24 @@ def test_prepare_threads_default_to_three_per_finish_thread_on_cuda():
     assert RunnerConfig(workers=16).resolved("cuda")[1] == 32                       # capped
     assert RunnerConfig(workers=3).resolved("cpu")[1] == 3                          # CPU: one per finish thread
     assert RunnerConfig(workers=8, prepare_workers=5).resolved("cuda")[1] == 5      # explicit wins
+
+
+def test_detector_server_shrinks_in_the_callers_thread_with_identical_detections():
+    from face_testdata import mtcnn
+
+    from gpen_tune.throughput.detect_server import BatchingDetector
+
+    inner = mtcnn()
+    big = cv2.resize(samples.mosaic(4, 0), None, fx=1.6, fy=1.6, interpolation=cv2.INTER_CUBIC)
+    assert max(big.shape[:2]) > inner.det_size                     # the shrink matters for this one
+    photos = [big, samples.astronaut()]
+    want = inner.detect(photos)
+    server = BatchingDetector(inner)
+    try:
+        got = server.detect(photos)
+    finally:
+        server._queue.put(None)                                    # stop the thread, keep the shared detector
+    assert [len(g) for g in got] == [len(w) for w in want] == [4, 1]
+    for g_img, w_img in zip(got, want, strict=True):
+        for g, w in zip(g_img, w_img, strict=True):
+            assert np.array_equal(g.box, w.box) and np.array_equal(g.landmarks, w.landmarks) and g.score == w.score

@@ -109,15 +109,7 @@ class FaceDetector:
         return [r or [] for r in results]
 
     def _shrink(self, img: np.ndarray) -> tuple[np.ndarray, tuple[float, float]]:
-        if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8:
-            raise ValueError(f"detector input must be HWC RGB uint8, got shape {img.shape} dtype {img.dtype}")
-        h, w = img.shape[:2]
-        if not self.det_size or max(h, w) <= self.det_size:
-            return np.ascontiguousarray(img), (1.0, 1.0)
-        k = self.det_size / max(h, w)
-        nw, nh = max(1, round(w * k)), max(1, round(h * k))
-        small = cv2.resize(img, (nw, nh), interpolation=cv2.INTER_AREA)
-        return small, (nw / w, nh / h)
+        return shrink_for_detection(img, self.det_size)
 
     def _detect_batch(self, batch) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """[B, H, W, 3] uint8 RGB (or a list of HWC arrays when `mixed_sizes`) -> per image (boxes [N, 4],
@@ -144,6 +136,27 @@ class FaceDetector:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, device={str(self.device)!r}, threshold={self.threshold})"
+
+
+def shrink_for_detection(img: np.ndarray, det_size: int | None) -> tuple[np.ndarray, tuple[float, float]]:
+    """(copy whose long side is at most det_size, (sx, sy) = small / original size); as is below det_size."""
+    if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8:
+        raise ValueError(f"detector input must be HWC RGB uint8, got shape {img.shape} dtype {img.dtype}")
+    h, w = img.shape[:2]
+    if not det_size or max(h, w) <= det_size:
+        return np.ascontiguousarray(img), (1.0, 1.0)
+    k = det_size / max(h, w)
+    nw, nh = max(1, round(w * k)), max(1, round(h * k))
+    small = cv2.resize(img, (nw, nh), interpolation=cv2.INTER_AREA)
+    return small, (nw / w, nh / h)
+
+
+def rescale(dets: list[Detection], sx: float, sy: float) -> list[Detection]:
+    """Detections found on a copy scaled by (sx, sy), in the original image's coordinates."""
+    if sx == 1.0 and sy == 1.0:
+        return dets
+    scale = np.array([sx, sy])
+    return [Detection(box=d.box / np.tile(scale, 2), score=d.score, landmarks=d.landmarks / scale) for d in dets]
 
 
 def _to_detections(boxes, scores, lms, sx: float, sy: float, threshold: float) -> list[Detection]:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 
 MAX_IMAGES = 32      # images per detector call (the batched MTCNN bounds its own memory per chunk)
 
@@ -37,8 +38,13 @@ class BatchingDetector:
     Everything else (`name`, `before_restore`, ...) is forwarded to the wrapped detector.
     """
 
-    def __init__(self, inner: Any, max_images: int = MAX_IMAGES):
+    def __init__(self, inner: Any, max_images: int = MAX_IMAGES, shrink_in_caller: bool = True):
         self._inner = inner
+        # the shrink to det_size (cv2, releases the GIL) runs in each caller's thread instead of serially in the
+        # server; det_size is read once here (reading it later from a lazy detector could rebuild it)
+        self._det_size = getattr(inner, "det_size", None) if shrink_in_caller else None
+        self.own_stream = True            # run the detector on its own CUDA stream (see _detect_on_own_stream)
+        self._stream = None
         self._max_images = max_images
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._lock = threading.Lock()
@@ -55,6 +61,15 @@ class BatchingDetector:
     def detect(self, images: Sequence[np.ndarray]) -> list:
         if not images:
             return []
+        if self._det_size:
+            from gpen_tune.face.detect import rescale, shrink_for_detection
+
+            shrunk = [shrink_for_detection(img, self._det_size) for img in images]
+            found = self._detect([small for small, _ in shrunk])
+            return [rescale(dets, sx, sy) for dets, (_, (sx, sy)) in zip(found, shrunk, strict=True)]
+        return self._detect(images)
+
+    def _detect(self, images: Sequence[np.ndarray]) -> list:
         req = _Request(list(images))
         with self._lock:
             if self._closed:
@@ -89,7 +104,7 @@ class BatchingDetector:
     def _run(self, batch: list[_Request]) -> None:
         images = [im for r in batch for im in r.images]
         try:
-            found = self._inner.detect(images)
+            found = self._detect_on_own_stream(images)
             self.calls += 1
             self.images += len(images)
             self.largest = max(self.largest, len(images))
@@ -106,6 +121,17 @@ class BatchingDetector:
                 return
         for r in batch:
             r.done.set()
+
+    def _detect_on_own_stream(self, images: list) -> list:
+        """The detector's kernels and host syncs on a stream of their own: on the default stream every sync of the
+        detector (two per pyramid scale) also waited for the generator batch queued before it."""
+        device = getattr(self._inner, "device", None)
+        if not self.own_stream or device is None or torch.device(device).type != "cuda":
+            return self._inner.detect(images)
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=device)
+        with torch.cuda.stream(self._stream):
+            return self._inner.detect(images)
 
     def close(self) -> None:
         with self._lock:
