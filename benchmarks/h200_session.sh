@@ -11,6 +11,8 @@
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
 #   benchmarks/h200_session.sh part9   # Triton FIR A/B at bs1, GPU tests, bench GPEN-BFR-512 (~10 min)
 #   benchmarks/h200_session.sh part10  # session 3: Triton FIR A/B, GPU tests, caller-shrink A/B, GIL profile, GPU JPEG probe (~8 min)
+#   benchmarks/h200_session.sh part11  # session 3: FIR dispatch A/B, GPU tests, throughput (OpenCV decode, deferred NaN guard), GIL profile (~5 min)
+#   benchmarks/h200_session.sh part12  # session 3: bench GPEN-BFR-512 and -256 on the merged model (~9 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -118,7 +120,30 @@ case "${1:-part1}" in
     step "GPU JPEG decode probe (torchvision.io on CUDA vs cv2)"
     timeout 60 "$PY" benchmarks/jpeg_probe.py --out "$DEST" 2>&1 | tail -20 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part10" >&2; exit 2 ;;
+  part11)
+    step "plain model at batch 1: FIR on PyTorch's conv / always Triton / default dispatch, eager and graph, one run"
+    timeout 120 "$PY" benchmarks/plain_bs1.py --model GPEN-BFR-512 --out "$DEST" 2>&1 | tail -60 >> "$LOG"
+    step "GPU tests"
+    timeout 120 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider --tb=short 2>&1 | tail -30 >> "$LOG"
+    step "throughput GPEN-BFR-512, preset speed, serial and pipeline"
+    timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --out "$DEST" 2>&1 | tail -14 >> "$LOG"
+    step "where the GIL goes in a pipeline run (py-spy --gil, raw stacks)"
+    if command -v py-spy >/dev/null; then
+      timeout 90 py-spy record --gil --threads --rate 100 --format raw -o "$DEST/pyspy_gil_pipeline.txt" -- \
+        "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 --skip-serial \
+        --out "$DEST/pyspy_run" 2>&1 | tail -4 >> "$LOG"
+    else echo "py-spy not installed" >> "$LOG"; fi
+    ;;
+  part12)
+    step "bench GPEN-BFR-512 (all rows)"
+    timeout 400 "$PY" -m gpen_tune.bench --model GPEN-BFR-512 --device cuda --batch-sizes 1,4,16 --repeats 6 \
+      --warmup 2 --max-minutes 5.6 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
+    step "bench GPEN-BFR-256"
+    timeout 110 "$PY" -m gpen_tune.bench --model GPEN-BFR-256 --device cuda --batch-sizes 1,4,16 --repeats 6 \
+      --warmup 2 --max-minutes 1.3 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part12" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

@@ -4,8 +4,9 @@ Issue 4's `--cuda-graph` target is "bs1 with graphs at most half the eager bs1 t
 launch cost, not the GPU's work, so the ratio is decided by how much GPU time one bs1 forward needs. This script
 measures, in one process and on the same weights and input:
   * eager and graph-replay ms at batch 1 (median of --repeats, CUDA events) for fp32 (TF32 convs) and bf16,
-  * the current model with PyTorch's depthwise conv for the 4x4 FIR ("after_torch_fir") and with the Triton FIR
-    ("after"),
+  * the current model with PyTorch's depthwise conv for the 4x4 FIR ("after_torch_fir"), with the Triton FIR for
+    every call ("after_triton_always") and with the default dispatch ("after": Triton under capture and for big
+    tensors),
   * optionally the same for an earlier formulation of the model (`--before DIR` holding its layers.py, gpen.py and
     fir.py), so a change to the model is measured against its baseline in the same run,
   * a kernel-level profile (torch.profiler) of one eager bs1 forward: the top kernels by GPU time, and totals.
@@ -94,11 +95,12 @@ def main() -> None:
     before_cls = load_before(args.before) if args.before else None
     size = int(args.model.rsplit("-", 1)[-1])
     x = torch.rand(1, 3, size, size, device=device) * 2 - 1
-    variants = (["before"] if before_cls else []) + ["after_torch_fir", "after"]
+    variants = (["before"] if before_cls else []) + ["after_torch_fir", "after_triton_always", "after"]
+    fir_mode = {"after_torch_fir": "never", "after_triton_always": "always"}
     results, reference = [], {}
     for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         for variant in variants:
-            fir_triton.ENABLED = variant != "after_torch_fir"   # A/B of the Triton FIR in the same run
+            fir_triton.MODE = fir_mode.get(variant, "auto")    # A/B of the FIR dispatch in the same run
             net = build(variant, args.model, dtype, before_cls, device)
             with torch.inference_mode():
                 for _ in range(3):

@@ -116,6 +116,9 @@ def read_image(path: str | Path) -> Picture:
             rgb, alpha, gray = _read_16_bit(path)
             rgb, alpha = _orient(rgb, orientation), None if alpha is None else _orient(alpha, orientation)
             return Picture(rgb, alpha, gray, img.format, exif, icc, path)
+        fast = _decode_with_opencv(path, img)
+        if fast is not None:
+            return Picture(_orient(fast, orientation), None, False, img.format, exif, icc, path)
         try:
             img.load()
             oriented = ImageOps.exif_transpose(img) if orientation not in (None, 1) else img
@@ -123,6 +126,27 @@ def read_image(path: str | Path) -> Picture:
         except (OSError, SyntaxError, ValueError) as e:
             raise ImageReadError(f"{path}: truncated or corrupt image data ({e})") from None
         return Picture(rgb, alpha, gray, img.format, exif, icc, path)
+
+
+def _decode_with_opencv(path: Path, img: Image.Image) -> np.ndarray | None:
+    """RGB pixels of a complete 8-bit RGB JPEG or PNG through OpenCV, else None (Pillow decodes it).
+
+    Why: the same libjpeg-turbo / libpng pixels (identical to Pillow's, tested), but OpenCV releases the GIL for the
+    whole decode while Pillow holds it to allocate and copy the frame; with many decode threads in a folder run
+    that copy was 38 % of all GIL time (py-spy, benchmarks/results/session3). Truncated files go to Pillow, which
+    names the error."""
+    if img.mode != "RGB" or img.format not in ("JPEG", "PNG") or img.info.get("progression") is not None:
+        return None
+    if img.format == "PNG" and ("transparency" in img.info or img.info.get("interlace")):
+        return None
+    data = path.read_bytes()
+    end = b"\xff\xd9" if img.format == "JPEG" else b"IEND\xaeB`\x82"
+    if not data.rstrip(b"\x00").endswith(end):
+        return None
+    rgb = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION)
+    if rgb is None or rgb.shape[:2] != (img.size[1], img.size[0]):
+        return None
+    return rgb
 
 
 def _too_big(path: Path, size: tuple[int, int] | None) -> str:

@@ -26,16 +26,18 @@ res = {}
 g = torch.Generator().manual_seed(0)
 cases = [("sym1", (2, 5, 19, 23), (1, 1), 1, 1, torch.float32), ("sym2", (1, 3, 17, 70), (2, 2), 1, 1, torch.float32),
          ("up2", (2, 3, 9, 11), (2, 1), 2, 1, torch.float32), ("down2", (1, 2, 12, 13), (1, 1), 1, 2, torch.float32),
-         ("bf16", (1, 4, 20, 20), (1, 1), 1, 1, torch.bfloat16)]
+         ("bf16", (1, 4, 20, 20), (1, 1), 1, 1, torch.bfloat16), ("asym", (1, 3, 11, 13), (2, 1), 1, 1, torch.float32)]
 for name, shape, pad, up, down, dtype in cases:
     x = torch.randn(shape, generator=g).to(dtype)
     k = make_kernel((1, 3, 3, 1)) * 4
+    if name == "asym":                       # not flip-symmetric: the kernel must be applied as a true convolution
+        k = torch.arange(16, dtype=torch.float32).reshape(4, 4) / 120
     bias = torch.randn(shape[1], generator=g).to(dtype)
     res[name + "_applies"] = fir_triton.applies(x, k)
     got = upfirdn2d(x, k, up=up, down=down, pad=pad, bias=bias)
-    fir_triton.ENABLED = False
+    fir_triton.MODE = "never"
     want = upfirdn2d(x.double(), k.double(), up=up, down=down, pad=pad, bias=bias.double())
-    fir_triton.ENABLED = True
+    fir_triton.MODE = "auto"
     res[name] = float((got.double() - want).abs().max() / want.abs().max()) if got.shape == want.shape else 1.0
 x = torch.randn(1, 2, 8, 8)
 k = make_kernel((1, 3, 3, 1))
@@ -60,7 +62,7 @@ def test_triton_fir_matches_the_conv_path_in_interpreter():
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
     assert line, f"interpreter run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     res = json.loads(line[len("RESULT"):])
-    for name in ("sym1", "sym2", "up2", "down2"):
+    for name in ("sym1", "sym2", "up2", "down2", "asym"):
         assert res[name + "_applies"] is True and res[name] <= 1e-6, (name, res)
     assert res["bf16_applies"] is True and res["bf16"] <= 1e-2, res
     assert res["skips_non_contiguous"] and res["skips_grad"], res
@@ -76,3 +78,35 @@ def test_cpu_tensors_take_the_conv_path():
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("the interpreter runs Triton on the CPU")
     assert not fir_triton.applies(torch.zeros(1, 2, 8, 8), make_kernel((1, 3, 3, 1)))
+    assert not fir_triton.applies(torch.zeros(1, 2, 2048, 2048), make_kernel((1, 3, 3, 1)))
+
+
+@pytest.mark.gpu
+def test_cuda_dispatch_and_values():
+    """On a GPU: auto mode keeps small eager FIRs on PyTorch's conv, takes Triton for big tensors and inside a graph
+    capture, and both paths give the same values (fp32 to 1e-5, bf16 to bf16 rounding)."""
+    import torch
+
+    from gpen_tune.ops import fir_triton
+    from gpen_tune.ops.fir import make_kernel, upfirdn2d
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    k = make_kernel((1, 3, 3, 1)).cuda() * 4
+    small = torch.randn(1, 8, 32, 32, device="cuda")
+    big = torch.randn(1, 32, 512, 512, device="cuda")
+    assert fir_triton.MODE == "auto"
+    assert not fir_triton.applies(small, k) and fir_triton.applies(big, k)
+    with fir_triton.for_graph_capture():
+        assert fir_triton.applies(small, k)
+    for x, dtype, tol in ((big, torch.float32, 1e-5), (big, torch.bfloat16, 2e-2)):
+        x = x.to(dtype)
+        bias = torch.randn(x.shape[1], device="cuda", dtype=dtype)
+        got = upfirdn2d(x, k, pad=(2, 1), bias=bias)
+        fir_triton.MODE = "never"
+        try:
+            want = upfirdn2d(x.float(), k, pad=(2, 1), bias=bias.float())
+        finally:
+            fir_triton.MODE = "auto"
+        assert got.shape == want.shape and got.dtype == dtype
+        assert float((got.float() - want).abs().max() / want.abs().max()) <= tol

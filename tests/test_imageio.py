@@ -8,12 +8,13 @@ import zlib
 import cv2
 import numpy as np
 import pytest
-from PIL import Image, ImageCms
+from PIL import Image, ImageCms, ImageOps
 
 from gpen_tune.face import samples
 from gpen_tune.imageio import (
     ImageReadError,
     Picture,
+    _decode_with_opencv,
     output_format,
     picture_from_array,
     read_image,
@@ -53,6 +54,20 @@ def test_exif_orientation_applied_and_reset(tmp_path, photo, orientation):
     with Image.open(out) as im:
         exif = im.getexif()
         assert exif.get(0x0112) == 1 and exif.get(0x010F) == "gpen-tune test camera"
+
+
+@pytest.mark.parametrize("ext", ["jpg", "png"])
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_opencv_decode_equals_pillow_for_every_orientation(tmp_path, photo, ext, orientation):
+    """8-bit RGB JPEG/PNG are decoded by OpenCV (GIL released); pixels must be Pillow's, orientation applied."""
+    path = tmp_path / f"o.{ext}"
+    Image.fromarray(photo).save(path, exif=_exif(orientation), **({"quality": 90} if ext == "jpg" else {}))
+    with Image.open(path) as im:
+        assert _decode_with_opencv(path, im) is not None            # the fast path takes this file
+        expect = np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
+    pic = read_image(path)
+    assert pic.rgb.flags.c_contiguous and pic.rgb.dtype == np.uint8
+    np.testing.assert_array_equal(pic.rgb, expect)
 
 
 def test_icc_and_exif_carried_by_jpeg_png_webp_tiff(tmp_path, photo):

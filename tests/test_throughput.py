@@ -421,6 +421,35 @@ def test_cuda_pinned_path_equals_serial_restore():
     assert paste_faces_device(image, [face]).shape == image.shape
 
 
+@pytest.mark.gpu
+def test_cuda_deferred_nan_guard_recovers_the_batch_in_fp32():
+    """On the GPU the runner reads the NaN guard's flag only when it collects a batch: a broken bf16 model's batch
+    comes back as the fp32 model's crops, a healthy batch in flight next to it is untouched."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    import copy
+
+    from gpen_tune.throughput.restorer import to_model_input, to_uint8_nhwc
+    from gpen_tune.tune import TuneConfig, build_restorer
+
+    model = load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cuda")
+    crops = list(samples.aligned_face_crops(64, 4))
+    x = to_model_input(torch.from_numpy(np.stack(crops)).cuda())
+    with torch.no_grad():
+        want_fp32 = to_uint8_nhwc(model(x)).cpu().numpy().astype(int)
+    broken = build_restorer(copy.deepcopy(model), TuneConfig(amp="bf16"), "cuda")
+    with torch.no_grad():
+        broken.model.ecd0[0][0].weight.mul_(float("inf"))
+    healthy = build_restorer(copy.deepcopy(model), TuneConfig(amp="bf16"), "cuda")
+    bad = CropRestorer(broken, "cuda", 64, max_batch=4)
+    good = CropRestorer(healthy, "cuda", 64, max_batch=4)
+    first, second = bad.submit(crops), good.submit(crops)
+    assert np.abs(np.stack(first.result()).astype(int) - want_fp32).max() <= TOLERANCE
+    assert broken.fp32_reruns == 1 and first.device_out is not None
+    assert np.abs(np.stack(second.result()).astype(int) - want_fp32).max() <= 12   # bf16 vs fp32, finite
+    assert healthy.fp32_reruns == 0
+
+
 # ---------------------------------------------------------------------------------------------------- small parts
 
 

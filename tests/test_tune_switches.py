@@ -144,6 +144,24 @@ def test_amp_reruns_a_non_finite_batch_in_fp32_with_the_original_weights(tiny_mo
     assert any("re-ran it in fp32" in f and "original fp32 weights" in f for f in restore.fallbacks)
 
 
+def test_deferred_finite_check_returns_the_flag_and_recover_reruns_in_fp32(tiny_model, tiny_ref):
+    """The pipeline's form of the NaN guard: no host sync inside the call; the flag says False for the broken half
+    model and `recover` gives the fp32 output; a healthy batch gives True and the same output as the inline guard."""
+    x, ref = tiny_ref
+    healthy = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), "cpu")
+    out, finite = healthy.forward_deferred(x)
+    assert finite is not None and finite.dtype == torch.bool and bool(finite)
+    assert torch.equal(out, healthy(x)) and healthy.fp32_reruns == 0
+    broken = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), "cpu")
+    with torch.no_grad():
+        broken.model.ecd0[0][0].weight.mul_(float("inf"))
+    out, finite = broken.forward_deferred(x)
+    assert not bool(finite) and not torch.isfinite(out).all() and broken.fp32_reruns == 0
+    assert torch.equal(broken.recover(x), ref) and broken.fp32_reruns == 1
+    plain = build_restorer(copy.deepcopy(tiny_model), TuneConfig(), "cpu")     # no amp: no guard, no flag
+    assert plain.forward_deferred(x)[1] is None
+
+
 def test_fp16_overflow_is_caught_and_rerun(tiny_model):
     x = face_batch(64, n=1)
     big = copy.deepcopy(tiny_model)

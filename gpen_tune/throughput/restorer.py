@@ -64,10 +64,12 @@ class PendingBatch:
     """A submitted batch; `result()` waits for it and returns one restored crop per input."""
 
     def __init__(self, owner: CropRestorer, n: int, host: torch.Tensor | None, done: torch.cuda.Event | None,
-                 events: tuple | None, ready: list[np.ndarray] | None = None, device_out: torch.Tensor | None = None):
+                 events: tuple | None, ready: list[np.ndarray] | None = None, device_out: torch.Tensor | None = None,
+                 finite: torch.Tensor | None = None, device_in: torch.Tensor | None = None):
         self._owner, self._n, self._host, self._done = owner, n, host, done
         self.submitted_at = time.perf_counter()
         self._events, self._ready, self._device_out = events, ready, device_out
+        self._finite, self._device_in = finite, device_in
 
     def done(self) -> bool:
         """Whether the device has finished this batch (never blocks)."""
@@ -83,9 +85,13 @@ class PendingBatch:
         if self._events is not None:
             start, end = self._events
             owner.times.generator_s += start.elapsed_time(end) / 1000.0
-        host = self._host[: self._n].numpy()
+        if self._finite is not None and not bool(self._finite):       # NaN guard tripped: fp32 re-run, in order
+            self._device_out = owner._recover(self._device_in)
+            host = self._device_out.cpu().numpy()
+        else:
+            host = self._host[: self._n].numpy()
         self._ready = [host[i].copy() for i in range(self._n)]   # the pinned buffer is reused by a later batch
-        self._host = None
+        self._host = self._finite = self._device_in = None
         return self._ready
 
     @property
@@ -122,6 +128,7 @@ class CropRestorer:
             shape = (self.limit, size, size, 3)
             self._in = [torch.empty(shape, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
             self._out = [torch.empty(shape, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+            self._flag = [torch.ones((), dtype=torch.bool, pin_memory=True) for _ in range(2)]
             self._in_free = [None, None]   # event after which each input buffer may be rewritten
             self._slot = 0
 
@@ -157,7 +164,7 @@ class CropRestorer:
         x = to_model_input(torch.from_numpy(np.stack(crops)), self.dtype)
         t1 = time.perf_counter()
         with torch.inference_mode():
-            y = self._restore_split(x)
+            y, _ = self._restore_split(x)
         t2 = time.perf_counter()
         out = to_uint8_nhwc(y).numpy()
         self.times.upload_s += t1 - t0
@@ -187,27 +194,37 @@ class CropRestorer:
             x = to_model_input(dev_u8, self.dtype)
             if start is not None:
                 start.record(stream)
-            y = self._restore_split(x)
+            y, finite = self._restore_split(x, deferred=True)
             if end is not None:
                 end.record(stream)
             dev_out = to_uint8_nhwc(y)
         host_out = self._out[slot]
         host_out[:n].copy_(dev_out, non_blocking=True)
+        flag = None
+        if finite is not None:                           # the NaN guard, read when the batch is collected
+            flag = self._flag[slot]
+            flag.copy_(finite, non_blocking=True)
         done = torch.cuda.Event()
         done.record(stream)
         self.times.upload_s += time.perf_counter() - t0
         return PendingBatch(self, n, host_out, done, (start, end) if start is not None else None,
-                            device_out=dev_out)
+                            device_out=dev_out, finite=flag, device_in=dev_u8 if flag is not None else None)
+
+    def _recover(self, dev_u8: torch.Tensor) -> torch.Tensor:
+        """Run a batch whose deferred finite check failed through the restore callable's fp32 recovery."""
+        with torch.inference_mode():
+            return to_uint8_nhwc(self.restore.recover(to_model_input(dev_u8, self.dtype)))
 
     # -- OOM split ----------------------------------------------------------------------------------------------
-    def _restore_split(self, x: torch.Tensor) -> torch.Tensor:
+    def _restore_split(self, x: torch.Tensor, deferred: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(restored batch, device finite flag or None); `deferred` asks the restore callable not to sync."""
         n = x.shape[0]
         try:
-            y = self.restore(x)
+            y, finite = call_deferred(self.restore, x) if deferred else (self.restore(x), None)
             inner = getattr(self.restore, "max_batch", None)     # the tune part's Restorer splits OOM itself
             if isinstance(inner, int) and inner < self.limit:
                 self.limit = bucket_floor(inner)
-            return y
+            return y, finite
         except Exception as exc:
             if not is_oom(exc) or n == 1:
                 raise
@@ -219,9 +236,10 @@ class CropRestorer:
         parts, i = [], 0
         while i < n:
             b = min(self.limit, n - i)
-            parts.append(self._restore_split(x[i: i + b]))
+            parts.append(self._restore_split(x[i: i + b], deferred))
             i += b
-        return torch.cat(parts)
+        flags = [f for _, f in parts if f is not None]
+        return torch.cat([y for y, _ in parts]), torch.stack(flags).all() if flags else None
 
 
 class FixedBatch:
@@ -239,11 +257,28 @@ class FixedBatch:
         return getattr(self.restore, "max_batch", None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_deferred(x, deferred=False)[0]
+
+    def forward_deferred(self, x: torch.Tensor, deferred: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = x.shape[0]
-        if n >= self.batch:
-            return torch.cat([self(c) for c in x.split(self.batch)]) if n > self.batch else self.restore(x)
-        pad = x.new_zeros((self.batch - n, *x.shape[1:]))
-        return self.restore(torch.cat([x, pad]))[:n]
+        if n > self.batch:
+            parts = [self.forward_deferred(c, deferred) for c in x.split(self.batch)]
+            flags = [f for _, f in parts if f is not None]
+            return torch.cat([y for y, _ in parts]), torch.stack(flags).all() if flags else None
+        if n < self.batch:
+            x = torch.cat([x, x.new_zeros((self.batch - n, *x.shape[1:]))])
+        y, finite = call_deferred(self.restore, x) if deferred else (self.restore(x), None)
+        return y[:n], finite
+
+    def recover(self, x: torch.Tensor) -> torch.Tensor:
+        return self.restore.recover(x)
+
+
+def call_deferred(restore: RestoreFn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(restore(x), finite flag or None) through `restore.forward_deferred` when it has one (the tune part's
+    Restorer and the wrappers around it), else a plain call with no flag."""
+    fn = getattr(restore, "forward_deferred", None)
+    return fn(x) if fn is not None else (restore(x), None)
 
 
 def default_max_batch(device: torch.device | str) -> int:

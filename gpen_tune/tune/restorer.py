@@ -115,6 +115,27 @@ class Restorer:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
+    def forward_deferred(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`self(batch)` without the NaN guard's host sync: returns (out, finite), `finite` a device bool scalar
+        (None when no guard applies). A caller that already waits for the batch reads `finite` then and, if it is
+        False, calls `recover(batch)`. Lets a pipeline queue the next batch while this one computes."""
+        self._deferred_flags = []
+        try:
+            out = self(batch)
+            flags = self._deferred_flags
+        finally:
+            self._deferred_flags = None
+        if not flags:
+            return out, None
+        return out, flags[0] if len(flags) == 1 else torch.stack(flags).all()
+
+    def recover(self, batch: torch.Tensor) -> torch.Tensor:
+        """The fp32 re-run of a batch whose deferred finite check failed (what `self(batch)` does inline)."""
+        with torch.no_grad():
+            return self._rerun_fp32(batch.to(self.device) if self.device is not None else batch)
+
+    _deferred_flags: list[torch.Tensor] | None = None
+
     def _run_guarded(self, chunk: torch.Tensor) -> torch.Tensor:
         key = (chunk.shape[0], tuple(chunk.shape[1:]), chunk.dtype)
         first = key not in self.warmup_seconds
@@ -123,8 +144,11 @@ class Restorer:
         if first:
             self._end_warmup(key, start, chunk.device)
         out = out.float()
-        if self.reserve is not None and not all_finite(out):
-            out = self._rerun_fp32(chunk)
+        if self.reserve is not None:
+            if self._deferred_flags is not None:
+                self._deferred_flags.append(torch.isfinite(out.sum(dtype=torch.float32)))
+            elif not all_finite(out):
+                out = self._rerun_fp32(chunk)
         return out
 
     def _end_warmup(self, key: tuple, start: float, device: torch.device) -> None:
