@@ -162,6 +162,18 @@ def test_deferred_finite_check_returns_the_flag_and_recover_reruns_in_fp32(tiny_
     assert plain.forward_deferred(x)[1] is None
 
 
+def test_fp32_rerun_first_needed_inside_inference_mode(tiny_model, tiny_ref):
+    """The folder runner restores under torch.inference_mode; the fp32 model built there for the first re-run must
+    still run (its weights must not be inference tensors, whose version the demodulation cache reads)."""
+    x, ref = tiny_ref
+    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), "cpu")
+    with torch.no_grad():
+        restore.model.ecd0[0][0].weight.mul_(float("inf"))
+    with torch.inference_mode():
+        out = restore(x)
+    assert torch.equal(out, ref) and restore.fp32_reruns == 1
+
+
 def test_fp16_overflow_is_caught_and_rerun(tiny_model):
     x = face_batch(64, n=1)
     big = copy.deepcopy(tiny_model)

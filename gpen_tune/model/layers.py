@@ -212,8 +212,8 @@ class ModulatedConv2d(nn.Module):
         the same version (not while training it, not inside torch.compile or a CUDA-graph capture; a graph
         captured after a warm-up call reads the cached sums, so change weights before capturing, as usual)."""
         w = self.weight
-        if (torch.is_grad_enabled() and w.requires_grad) or torch.compiler.is_compiling() or (
-                w.is_cuda and torch.cuda.is_current_stream_capturing()):
+        if (torch.is_grad_enabled() and w.requires_grad) or torch.compiler.is_compiling() or w.is_inference() or (
+                w.is_cuda and torch.cuda.is_current_stream_capturing()):   # inference tensors have no version
             return w[0].float().square().sum(dim=(2, 3))
         key = (w.data_ptr(), w._version, w.dtype, w.device)
         if self._wsq is None or self._wsq[0] != key:

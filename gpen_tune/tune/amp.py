@@ -115,10 +115,11 @@ class Fp32Reserve:
 
     def fp32_model(self, cast: nn.Module) -> nn.Module:
         if self._model is None:
-            fp32 = copy.deepcopy(cast)  # same structure and flags (release_features), half weights replaced next
-            for name, p in fp32.named_parameters():
-                original = self.saved.get(name)
-                p.data = original.to(p.device) if original is not None else p.data.float()
+            with torch.inference_mode(False):  # first needed inside a pipeline's inference_mode: normal tensors
+                fp32 = copy.deepcopy(cast)  # same structure and flags (release_features), half weights replaced
+                for name, p in fp32.named_parameters():
+                    original = self.saved.get(name)
+                    p.data = original.to(p.device) if original is not None else p.data.float()
             self._model = fp32
         return self._model
 
