@@ -224,3 +224,130 @@ def test_cuda_driver_matches_facenet_on_cpu():
     assert gpu_det.mixed_sizes
     found = gpu_det.detect([photo(k) for k in keys])
     assert [len(f) for f in found] == [int((reference(k)[1] >= DEFAULT_THRESHOLD).sum()) for k in keys]
+
+
+# -- P-Net stage: one host sync for all scales, the same candidates as the per-scale version it replaced ----------
+
+def per_scale_stage1(self, scales, n_scales):
+    """The driver's P-Net stage before it was batched over scales (commit 2fa709b), kept as the reference: one
+    nonzero and one NMS per scale and chunk."""
+    from gpen_tune.face import mtcnn_batched as mb
+
+    found, found_img = [], []
+    for k, scale in enumerate(scales):
+        members = np.flatnonzero(n_scales > k)
+        level_hw = (self.sizes[members] * scale + 1).astype(np.int64)
+        per_call = max(1, mb.PNET_MAX_PIXELS * 4 // self.dtype.itemsize // int(level_hw.max(0).prod()))
+        for start in range(0, len(members), per_call):
+            cand, cand_img = per_scale_candidates(self, members[start:start + per_call],
+                                                  level_hw[start:start + per_call], scale)
+            found.append(cand)
+            found_img.append(cand_img)
+    if not found:
+        return torch.zeros((0, 5)), torch.zeros(0, dtype=torch.long)
+    boxes, img = torch.cat(found), torch.cat(found_img)
+    keep = mb.grouped_nms(boxes[:, :4], boxes[:, 4], img, 0.7)
+    boxes, img = boxes[keep], img[keep]
+    w = (boxes[:, 2] - boxes[:, 0]).unsqueeze(1)
+    h = (boxes[:, 3] - boxes[:, 1]).unsqueeze(1)
+    regressed = boxes[:, :4] + boxes[:, 5:9] * torch.cat([w, h, w, h], 1)
+    return mb.square(torch.cat([regressed, boxes[:, 4:5]], 1)), img
+
+
+def per_scale_candidates(self, idx, level_hw, scale):
+    from gpen_tune.face import mtcnn_batched as mb
+
+    img_ids, lh, lw = (torch.as_tensor(a) for a in (idx, level_hw[:, 0], level_hw[:, 1]))
+    hw = self.hw[img_ids]
+    zeros = torch.zeros_like(lh)
+    level = self._area_resize(img_ids, zeros, zeros, hw[:, 0], hw[:, 1], lh, lw,
+                              int(level_hw[:, 0].max()), int(level_hw[:, 1].max()))
+    reg, prob = mb.pnet_forward(self.pnet, level, lh, lw)
+    score = prob[:, 1]
+    rows_ok = torch.arange(score.shape[1])[None] < ((lh - 1) // 2 - 4)[:, None]
+    cols_ok = torch.arange(score.shape[2])[None] < ((lw - 1) // 2 - 4)[:, None]
+    where = ((score >= self.thresholds[0]) & rows_ok[:, :, None] & cols_ok[:, None, :]).nonzero()
+    cell = where[:, 1:].to(reg.dtype).flip(1)
+    q1 = ((2 * cell + 1) / scale).floor()
+    q2 = ((2 * cell + 12 - 1 + 1) / scale).floor()
+    n, y, x = where.unbind(1)
+    cand = torch.cat([q1, q2, score[n, y, x].unsqueeze(1), reg.permute(0, 2, 3, 1)[n, y, x]], 1)
+    cand_img = img_ids[where[:, 0]]
+    keep = mb.grouped_nms(cand[:, :4], cand[:, 4], cand_img, 0.5)
+    return cand[keep], cand_img[keep]
+
+
+def driver(images):
+    from gpen_tune.face.mtcnn_batched import _Driver, _upload
+
+    canvas, sizes = _upload(images, torch.device("cpu"))
+    return _Driver(canvas, sizes, *nets(), float(MTCNN_MIN_FACE), tuple(MTCNN_STAGE_THRESHOLDS),
+                   float(MTCNN_PYRAMID_FACTOR))
+
+
+STAGE1_BATCHES = (("astronaut",), ("grace_hopper",), ("mosaic6_0",), ("crop",),
+                  ("mosaic6_0", "astronaut", "crop", "grace_hopper", "mosaic4_3"))
+
+
+@pytest.mark.parametrize("limits", [None, (1, 40)], ids=["default", "one_image_per_call_small_nms"])
+@pytest.mark.parametrize("keys", STAGE1_BATCHES, ids="+".join)
+def test_stage1_equals_the_per_scale_version(keys, limits, monkeypatch):
+    """Bit-identical P-Net candidates (boxes, scores, image ids, order), and so identical final detections, also
+    with P-Net in one-image calls and the NMS split into many calls."""
+    import gpen_tune.face.mtcnn_batched as mb
+
+    if limits:
+        monkeypatch.setattr(mb, "PNET_MAX_PIXELS", limits[0])
+        monkeypatch.setattr(mb, "NMS_MAX_BOXES", limits[1])
+    images = [photo(k) for k in keys]
+    with torch.inference_mode():
+        d = driver(images)
+        boxes, img = d._stage1(*d.pyramid())
+        want_boxes, want_img = per_scale_stage1(d, *d.pyramid())
+    assert len(boxes) > 0
+    assert torch.equal(boxes, want_boxes) and torch.equal(img, want_img)
+    got = batched(images)
+    monkeypatch.setattr(mb._Driver, "_stage1", per_scale_stage1)
+    for (gb, gs, gl), (wb, ws, wl) in zip(got, batched(images), strict=True):
+        assert np.array_equal(gb, wb) and np.array_equal(gs, ws) and np.array_equal(gl, wl)
+
+
+def counting(monkeypatch):
+    """Calls of the P-Net stage's host syncs on a GPU (nonzero's size, torchvision's nms), counted on the CPU."""
+    import torchvision
+
+    calls = {"nonzero": 0, "nms": 0}
+    nonzero, nms = torch.Tensor.nonzero, torchvision.ops.nms
+
+    def counted_nonzero(self, *args, **kwargs):
+        calls["nonzero"] += 1
+        return nonzero(self, *args, **kwargs)
+
+    def counted_nms(*args, **kwargs):
+        calls["nms"] += 1
+        return nms(*args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "nonzero", counted_nonzero)
+    monkeypatch.setattr(torchvision.ops, "nms", counted_nms)
+    return calls
+
+
+@pytest.mark.parametrize("pnet_max_pixels", [None, 1], ids=["default", "one_image_per_call"])
+def test_stage1_syncs_do_not_grow_with_scales_or_chunks(pnet_max_pixels, monkeypatch):
+    import gpen_tune.face.mtcnn_batched as mb
+
+    if pnet_max_pixels:
+        monkeypatch.setattr(mb, "PNET_MAX_PIXELS", pnet_max_pixels)
+    keys = ("mosaic6_0", "astronaut", "crop", "grace_hopper", "mosaic4_3")
+    with torch.inference_mode():
+        d = driver([photo(k) for k in keys])
+        scales, n_scales = d.pyramid()
+        calls = counting(monkeypatch)
+        d._stage1(scales, n_scales)
+        assert calls == {"nonzero": 1, "nms": 2}
+        calls.update(nonzero=0, nms=0)
+        per_scale_stage1(d, scales, n_scales)
+    chunks = len(mb._pyramid_plan(d.sizes, scales, n_scales, mb.PNET_MAX_PIXELS)[0])
+    assert len(scales) >= 10 and chunks >= len(scales)
+    # what the per-scale version did: a nonzero per chunk, an nms per chunk with candidates, one across scales
+    assert calls["nonzero"] == chunks and len(scales) <= calls["nms"] <= chunks + 1

@@ -17,17 +17,20 @@ the Solvay photo): the same boxes in the same number, max difference 1.3e-4 px o
 mixed-size batch gives each image its image-alone result to the same precision.
 
 Other differences from facenet's driver, none of which changes results:
-* NMS per (image, scale) and per image in one torchvision nms call each (`grouped_nms`, batched_nms semantics
-  without batched_nms's Python loop over groups for large inputs);
+* NMS per (image, scale) for all scales at once, then per image, in one torchvision nms call each (`grouped_nms`,
+  batched_nms semantics without batched_nms's Python loop over groups for large inputs); equal P-Net scores are
+  ranked by position (`_rank_key`), so ties do not depend on the other images of the batch;
 * the last stage's "Min" NMS runs on the host on the final few boxes, vectorised (`min_nms_host`);
 * P-Net's ceil-mode pooling at each image's own border is reproduced on the padded canvas (`pnet_forward`);
 * boxes whose clipped crop is empty are dropped (facenet would fail on them).
-Host syncs: two per pyramid scale (nonzero, nms), a few per stage, one download at the end.
+Host syncs: P-Net over the whole pyramid: three (one nonzero, two nms; all P-Net calls are queued before them,
+index uploads are pinned and non-blocking), R-Net and O-Net: a few each, one download at the end.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -35,6 +38,7 @@ import torchvision
 
 PNET_MAX_PIXELS = 16 * 1024 * 1024   # canvas pixels per P-Net call (~150 B/px of activations: ~2.5 GB)
 CROPS_PER_CALL = 8192                # boxes per R-Net / O-Net call
+NMS_MAX_BOXES = 32768                # P-Net candidates per NMS call (CUDA nms keeps an N x N bit mask: 128 MiB)
 ROWS_ALIGN = 64                      # GPU: R-Net / O-Net batches are padded to a multiple of this (_run_chunked)
 _NORM_MEAN, _NORM_SCALE = 127.5, 0.0078125
 _STRIDE, _CELL = 2, 12               # P-Net: one 12x12 window every 2 px
@@ -114,13 +118,11 @@ class _Driver:
         self.dtype = next(pnet.parameters()).dtype
         self.min_face, self.thresholds, self.factor = min_face, thresholds, factor
         self.b = canvas.shape[0]
-        self.hw = torch.as_tensor(sizes, device=self.device)  # [B, 2] (h, w), int64
+        self.hw = _to_device(sizes, self.device)               # [B, 2] (h, w), int64
         self.table = _integral(canvas)                         # [B, H+1, W+1, 3]
 
     def run(self) -> list[Result]:
-        n_scales = [len(pyramid_scales(min(h, w), self.min_face, self.factor)) for h, w in self.sizes]
-        scales = pyramid_scales(int(self.sizes.min(1).max()), self.min_face, self.factor)
-        boxes, img = self._stage1(scales, np.array(n_scales))
+        boxes, img = self._stage1(*self.pyramid())
         if len(boxes):
             boxes, img = self._stage2(boxes, img)
         if len(boxes):
@@ -128,23 +130,28 @@ class _Driver:
             return self._finish(boxes, img, scores, points)
         return [_empty() for _ in range(self.b)]
 
+    def pyramid(self) -> tuple[list[float], np.ndarray]:
+        """The batch's pyramid scales (those of its largest short side) and each image's number of them."""
+        n_scales = [len(pyramid_scales(min(h, w), self.min_face, self.factor)) for h, w in self.sizes]
+        return pyramid_scales(int(self.sizes.min(1).max()), self.min_face, self.factor), np.array(n_scales)
+
     # -- P-Net over the pyramid ---------------------------------------------------------------------------------
 
     def _stage1(self, scales: list[float], n_scales: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        found, found_img = [], []
-        for k, scale in enumerate(scales):
-            members = np.flatnonzero(n_scales > k)              # images whose own pyramid reaches this scale
-            level_hw = (self.sizes[members] * scale + 1).astype(np.int64)   # facenet's int(h * scale + 1)
-            budget = PNET_MAX_PIXELS * 4 // self.dtype.itemsize          # the same bytes in float64
-            per_call = max(1, budget // int(level_hw.max(0).prod()))
-            for start in range(0, len(members), per_call):
-                idx = members[start:start + per_call]
-                cand, cand_img = self._pnet_candidates(idx, level_hw[start:start + per_call], scale)
-                found.append(cand)
-                found_img.append(cand_img)
-        if not found:
+        """P-Net over the pyramid: squared, regressed candidate boxes [K, 5] (box, score) and their image ids.
+
+        Every P-Net call is queued before the first host sync (the candidates' count, one nonzero over all scales);
+        then one NMS per (image, scale) for all planes at once and one across scales per image: three syncs for any
+        number of scales (a few more only for batches of over NMS_MAX_BOXES candidates)."""
+        budget = PNET_MAX_PIXELS * 4 // self.dtype.itemsize          # the same bytes in float64
+        chunks, planes = _pyramid_plan(self.sizes, scales, n_scales, budget)
+        if not chunks:
             return torch.zeros((0, 5), device=self.device), torch.zeros(0, dtype=torch.long, device=self.device)
-        boxes, img = torch.cat(found), torch.cat(found_img)
+        planes = _to_device(planes, self.device)                      # [P, 3] image id, level h, level w
+        table = _to_device(_chunk_table(chunks), self.device)         # [C, 5] see _chunk_table
+        mask, feats, edges = self._pnet_maps(chunks, planes)
+        boxes, plane = _pnet_candidates(mask, feats, edges, table)
+        img = planes[plane, 0]
         keep = grouped_nms(boxes[:, :4], boxes[:, 4], img, 0.7)   # across scales, within each image
         boxes, img = boxes[keep], img[keep]
         w = (boxes[:, 2] - boxes[:, 0]).unsqueeze(1)
@@ -152,30 +159,38 @@ class _Driver:
         regressed = boxes[:, :4] + boxes[:, 5:9] * torch.cat([w, h, w, h], 1)
         return square(torch.cat([regressed, boxes[:, 4:5]], 1)), img
 
-    def _pnet_candidates(self, idx: np.ndarray, level_hw: np.ndarray, scale: float):
-        """P-Net windows scoring >= threshold at one scale, NMS'd per image: [K, 9] (box, score, reg), image ids."""
-        img_ids = torch.as_tensor(idx, device=self.device)
-        lh = torch.as_tensor(level_hw[:, 0], device=self.device)
-        lw = torch.as_tensor(level_hw[:, 1], device=self.device)
+    def _pnet_maps(self, chunks: list[_Chunk], planes: torch.Tensor):
+        """All P-Net calls, queued back to back (no host sync): for every cell of every plane (chunk, image, row,
+        column order) the threshold test [cells] and (score, 4 offsets) [cells, 5]; the chunks' window edges
+        (_window_edges, one table after the other). Kept: ~21 bytes per cell, far below one call's activations."""
+        total = sum(c.cells for c in chunks)
+        mask = torch.empty(total, dtype=torch.bool, device=self.device)
+        feats = torch.empty((total, 5), dtype=self.dtype, device=self.device)
+        edges, a = [], 0
+        for c in chunks:
+            ok, score, reg = self._pnet_map(c, planes[c.first:c.last])
+            z = a + c.cells
+            mask[a:z] = ok.reshape(-1)
+            out = feats[a:z].view(c.last - c.first, c.out_h, c.out_w, 5)
+            out[..., 0] = score
+            out[..., 1:] = reg.permute(0, 2, 3, 1)
+            edges.append(_window_edges(max(c.out_h, c.out_w), c.scale, reg.dtype, self.device))
+            a = z
+        return mask, feats, torch.cat(edges)
+
+    def _pnet_map(self, chunk: _Chunk, planes: torch.Tensor):
+        """One P-Net call: (cells scoring >= threshold that the image's own output has, score, offsets)."""
+        img_ids, lh, lw = planes.unbind(1)
         hw = self.hw[img_ids]
         zeros = torch.zeros_like(lh)
-        level = self._area_resize(img_ids, zeros, zeros, hw[:, 0], hw[:, 1], lh, lw,
-                                  int(level_hw[:, 0].max()), int(level_hw[:, 1].max()))
+        level = self._area_resize(img_ids, zeros, zeros, hw[:, 0], hw[:, 1], lh, lw, chunk.canvas_h, chunk.canvas_w)
         reg, prob = pnet_forward(self.pnet, level, lh, lw)
         score = prob[:, 1]                                      # [b, oh, ow]
-        # cells that the image's own P-Net output has (ceil-mode pooling): ceil((n - 2) / 2) - 4
-        rows_ok = torch.arange(score.shape[1], device=self.device)[None] < ((lh - 1) // 2 - 4)[:, None]
-        cols_ok = torch.arange(score.shape[2], device=self.device)[None] < ((lw - 1) // 2 - 4)[:, None]
-        mask = (score >= self.thresholds[0]) & rows_ok[:, :, None] & cols_ok[:, None, :]
-        where = mask.nonzero()                                  # host sync: data-dependent size
-        cell = where[:, 1:].to(reg.dtype).flip(1)               # (x, y)
-        q1 = ((_STRIDE * cell + 1) / scale).floor()
-        q2 = ((_STRIDE * cell + _CELL - 1 + 1) / scale).floor()
-        n, y, x = where.unbind(1)
-        cand = torch.cat([q1, q2, score[n, y, x].unsqueeze(1), reg.permute(0, 2, 3, 1)[n, y, x]], 1)
-        cand_img = img_ids[where[:, 0]]
-        keep = grouped_nms(cand[:, :4], cand[:, 4], cand_img, 0.5)
-        return cand[keep], cand_img[keep]
+        if score.shape[1:] != (chunk.out_h, chunk.out_w):
+            raise RuntimeError(f"P-Net output {tuple(score.shape[1:])}, expected {(chunk.out_h, chunk.out_w)}")
+        rows_ok = torch.arange(score.shape[1], device=self.device)[None] < _pnet_cells(lh)[:, None]
+        cols_ok = torch.arange(score.shape[2], device=self.device)[None] < _pnet_cells(lw)[:, None]
+        return (score >= self.thresholds[0]) & rows_ok[:, :, None] & cols_ok[:, None, :], score, reg
 
     # -- R-Net and O-Net -------------------------------------------------------------------------------------------
 
@@ -249,6 +264,115 @@ class _Driver:
         bounds = np.searchsorted(img[order], np.arange(self.b + 1))
         spans = zip(bounds[:-1], bounds[1:], strict=True)
         return [(boxes[order[a:z]], scores[order[a:z]], points[order[a:z]]) for a, z in spans]
+
+
+class _Chunk(NamedTuple):
+    """One P-Net call: pyramid planes first..last-1 (consecutive images at one scale) on one zero-padded canvas."""
+
+    scale: float
+    first: int
+    last: int
+    canvas_h: int
+    canvas_w: int
+
+    @property
+    def out_h(self) -> int:
+        return _pnet_cells(self.canvas_h)
+
+    @property
+    def out_w(self) -> int:
+        return _pnet_cells(self.canvas_w)
+
+    @property
+    def cells(self) -> int:
+        return (self.last - self.first) * self.out_h * self.out_w
+
+
+def _pnet_cells(n):
+    """P-Net's output length for an input length n (3x3 conv, 2x2 ceil-mode pooling, two 3x3 convs); int or tensor."""
+    return (n - 1) // 2 - 4
+
+
+def _pyramid_plan(sizes: np.ndarray, scales: list[float], n_scales: np.ndarray,
+                  budget: int) -> tuple[list[_Chunk], np.ndarray]:
+    """The batch's P-Net calls, scale-major: each scale's images (those whose own pyramid reaches it) in chunks of
+    at most `budget` canvas pixels (one image at least); and every plane's (image id, level h, level w) [P, 3]."""
+    chunks, planes, n = [], [], 0
+    for k, scale in enumerate(scales):
+        members = np.flatnonzero(n_scales > k)
+        level_hw = (sizes[members] * scale + 1).astype(np.int64)   # facenet's int(h * scale + 1)
+        per_call = max(1, budget // int(level_hw.max(0).prod()))
+        for start in range(0, len(members), per_call):
+            hw = level_hw[start:start + per_call]
+            planes.append(np.column_stack([members[start:start + per_call], hw]))
+            chunks.append(_Chunk(scale, n, n + len(hw), int(hw[:, 0].max()), int(hw[:, 1].max())))
+            n += len(hw)
+    return chunks, (np.concatenate(planes) if planes else np.zeros((0, 3), np.int64))
+
+
+def _chunk_table(chunks: list[_Chunk]) -> np.ndarray:
+    """Per chunk, what decodes a flat cell index (see _Driver._pnet_maps): [C, 5] = (first cell, output h,
+    output w, first plane, first row of its window-edge table)."""
+    cells = np.cumsum([0] + [c.cells for c in chunks[:-1]])
+    edges = np.cumsum([0] + [max(c.out_h, c.out_w) for c in chunks[:-1]])
+    shape = [(c.out_h, c.out_w, c.first) for c in chunks]
+    return np.column_stack([cells, np.array(shape, np.int64).reshape(-1, 3), edges]).astype(np.int64)
+
+
+def _window_edges(n: int, scale: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[n, 2]: facenet's first and last image coordinate of the 12-px window of P-Net cells 0..n-1 at `scale`
+    (either axis); the float ops of facenet's generateBoundingBox on the same values, so the same results."""
+    cell = torch.arange(n, device=device).to(dtype)
+    q1 = ((_STRIDE * cell + 1) / scale).floor()
+    q2 = ((_STRIDE * cell + _CELL - 1 + 1) / scale).floor()
+    return torch.stack([q1, q2], 1)
+
+
+def _pnet_candidates(mask: torch.Tensor, feats: torch.Tensor, edges: torch.Tensor, table: torch.Tensor):
+    """P-Net windows passing the threshold, NMS'd at 0.5 per plane (image and scale) as facenet does per image and
+    scale: [K, 9] (box, score, offsets) and plane ids, chunk by chunk, each chunk's boxes in score order."""
+    flat = mask.nonzero().squeeze(1)                # the host sync: data-dependent size, once for all scales
+    chunk = torch.searchsorted(table[:, 0].contiguous(), flat, right=True) - 1
+    start, oh, ow, first, e0 = table[chunk].unbind(1)
+    local = flat - start
+    n, rest = local // (oh * ow), local % (oh * ow)
+    ex, ey = edges[e0 + rest % ow], edges[e0 + rest // ow]
+    cand = torch.cat([ex[:, :1], ey[:, :1], ex[:, 1:], ey[:, 1:], feats[flat]], 1)
+    plane = first + n
+    key = _rank_key(cand[:, 4])
+    spans = [(0, len(flat))]
+    if len(flat) > NMS_MAX_BOXES:                   # bound the NMS bit mask: a few calls over whole chunks
+        spans = _spans(torch.searchsorted(flat, table[:, 0].contiguous()).tolist() + [len(flat)], NMS_MAX_BOXES)
+    keep = torch.cat([a + grouped_nms(cand[a:z, :4], key[a:z], plane[a:z], 0.5) for a, z in spans])
+    keep = keep[torch.sort(chunk[keep], stable=True).indices]   # chunk-major, score order within (as per chunk)
+    return cand[keep], plane[keep]
+
+
+def _rank_key(scores: torch.Tensor) -> torch.Tensor:
+    """NMS scores (float64) ordered like `scores`, ties broken by position: with them NMS keeps the same boxes
+    whichever other planes share the call and however the sort treats ties (torch's default sort is unstable)."""
+    order = torch.sort(scores, descending=True, stable=True).indices
+    rank = -torch.arange(len(order), dtype=torch.float64, device=scores.device)
+    return torch.empty_like(rank).scatter_(0, order, rank)
+
+
+def _spans(bounds: list[int], limit: int) -> list[tuple[int, int]]:
+    """Runs of consecutive chunks (chunk i: candidates bounds[i]..bounds[i+1]) of at most `limit` candidates, one
+    chunk at least each."""
+    spans, a = [], bounds[0]
+    for i in range(1, len(bounds)):
+        if bounds[i] - a > limit and bounds[i - 1] > a:
+            spans.append((a, bounds[i - 1]))
+            a = bounds[i - 1]
+    return spans + [(a, bounds[-1])]
+
+
+def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A small host array on the device without a host sync: a plain (pageable) CUDA upload waits for the stream
+    to drain, a pinned non_blocking one does not (the pinned buffer is kept until the copy is done)."""
+    if device.type != "cuda":
+        return torch.as_tensor(array, device=device)
+    return torch.from_numpy(np.ascontiguousarray(array)).pin_memory().to(device, non_blocking=True)
 
 
 def _empty() -> Result:
