@@ -13,6 +13,7 @@
 #   benchmarks/h200_session.sh part10  # session 3: Triton FIR A/B, GPU tests, caller-shrink A/B, GIL profile, GPU JPEG probe (~8 min)
 #   benchmarks/h200_session.sh part11  # session 3: FIR dispatch A/B, GPU tests, throughput (OpenCV decode, deferred NaN guard), GIL profile (~5 min)
 #   benchmarks/h200_session.sh part12  # session 3: bench GPEN-BFR-512 and -256 on the merged model (~9 min)
+#   benchmarks/h200_session.sh part13  # session 3: GPU tests, detector speed, throughput (one-sync P-Net), prepare threads 12/48 (~6 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -143,7 +144,21 @@ case "${1:-part1}" in
     timeout 110 "$PY" -m gpen_tune.bench --model GPEN-BFR-256 --device cuda --batch-sizes 1,4,16 --repeats 6 \
       --warmup 2 --max-minutes 1.3 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part12" >&2; exit 2 ;;
+  part13)
+    step "GPU tests"
+    timeout 130 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider --tb=short 2>&1 | tail -30 >> "$LOG"
+    step "detector speed (P-Net stage with one nonzero and two NMS for the pyramid)"
+    timeout 60 "$PY" benchmarks/detector_speed.py --device cuda --out "$DEST" 2>&1 | tail -12 >> "$LOG"
+    step "throughput GPEN-BFR-512, preset speed, serial and pipeline"
+    timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --out "$DEST" 2>&1 | tail -14 >> "$LOG"
+    for n in 12 48; do
+      step "throughput GPEN-BFR-512, preset speed, pipeline only, $n prepare threads"
+      timeout 70 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+        --skip-serial --prepare-workers $n --out "$DEST" 2>&1 | tail -8 >> "$LOG"
+    done
+    ;;
+  *) echo "usage: $0 part1|...|part13" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"
