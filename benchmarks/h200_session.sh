@@ -14,6 +14,7 @@
 #   benchmarks/h200_session.sh part11  # session 3: FIR dispatch A/B, GPU tests, throughput (OpenCV decode, deferred NaN guard), GIL profile (~5 min)
 #   benchmarks/h200_session.sh part12  # session 3: bench GPEN-BFR-512 and -256 on the merged model (~9 min)
 #   benchmarks/h200_session.sh part13  # session 3: GPU tests, detector speed, throughput (one-sync P-Net), prepare threads 12/48 (~6 min)
+#   benchmarks/h200_session.sh part14  # session 3: throughput with the new default (48 prepare threads) twice, GPU tests (~5 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -158,7 +159,17 @@ case "${1:-part1}" in
         --skip-serial --prepare-workers $n --out "$DEST" 2>&1 | tail -8 >> "$LOG"
     done
     ;;
-  *) echo "usage: $0 part1|...|part13" >&2; exit 2 ;;
+  part14)
+    step "throughput GPEN-BFR-512, preset speed, serial and pipeline (default threads: 8 finish, 48 prepare)"
+    timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --out "$DEST" 2>&1 | tail -14 >> "$LOG"
+    step "throughput GPEN-BFR-512, preset speed, pipeline only, repeat"
+    timeout 70 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --skip-serial --out "$DEST" 2>&1 | tail -8 >> "$LOG"
+    step "GPU tests"
+    timeout 200 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider --tb=short -rA 2>&1 | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|^E " | tail -40 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part14" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

@@ -640,12 +640,13 @@ def test_detector_server_batches_waiting_callers_and_isolates_failures():
         server.detect([photos[0]])
 
 
-def test_prepare_threads_default_to_three_per_finish_thread_on_cuda():
+def test_prepare_threads_default_to_six_per_finish_thread_on_cuda():
     """On CUDA the prepare threads mostly wait for the one detector thread: more of them, bigger detector batches;
     the in-flight bound grows with them so every thread can hold an image."""
     workers, prepare, batch, inflight = RunnerConfig(workers=8).resolved("cuda")
-    assert (workers, prepare, batch) == (8, 24, 32) and inflight >= 2 * (prepare + workers)
-    assert RunnerConfig(workers=16).resolved("cuda")[1] == 32                       # capped
+    assert (workers, prepare, batch) == (8, 48, 32) and inflight >= 2 * (prepare + workers)
+    assert RunnerConfig(workers=4).resolved("cuda")[1] == 24
+    assert RunnerConfig(workers=16).resolved("cuda")[1] == 48                       # capped
     assert RunnerConfig(workers=3).resolved("cpu")[1] == 3                          # CPU: one per finish thread
     assert RunnerConfig(workers=8, prepare_workers=5).resolved("cuda")[1] == 5      # explicit wins
 

@@ -190,8 +190,8 @@ def enhance(
                                                      "(GFPGAN/facefusion).",
                                                      rich_help_panel=DETECT_PANEL)] = TemplateChoice.gpen,
     workers: Annotated[int | None, typer.Option(min=1, help="Paste/encode threads of the pipelined runner "
-                                                "(default: half the cores, 1..8); decode/align threads are 3x "
-                                                "that on CUDA (at most 32, they mostly wait for the one detector "
+                                                "(default: half the cores, 1..8); decode/align threads are 6x "
+                                                "that on CUDA (at most 48, they mostly wait for the one detector "
                                                 "thread), the same number elsewhere.",
                                                 rich_help_panel=MODEL_PANEL)] = None,
     serial: Annotated[bool, typer.Option("--serial", help="Process images one step at a time (the serial path) "

@@ -54,7 +54,7 @@ def enhance_folder(
         enhancer: an Enhancer to reuse (its model, detector and restore callable); built from settings if None.
         restore: the generator callable (e.g. the tune part's `build_restorer(...)`) when building the enhancer.
         workers: threads per CPU stage (default: half the cores, 1..8).
-        prepare_workers: decode/detect/align threads (default: 3 x workers up to 32 on CUDA, where they mostly
+        prepare_workers: decode/detect/align threads (default: 6 x workers up to 48 on CUDA, where they mostly
             wait for the batched detector; else `workers`).
         max_batch: largest generator batch, a CUDA-graph bucket (default 32 on CUDA, settings.batch_size on CPU).
         max_wait_ms: how long a partial batch waits for faces from further images.
