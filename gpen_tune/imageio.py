@@ -133,8 +133,8 @@ def _decode_with_opencv(path: Path, img: Image.Image) -> np.ndarray | None:
 
     Why: the same libjpeg-turbo / libpng pixels (identical to Pillow's, tested), but OpenCV releases the GIL for the
     whole decode while Pillow holds it to allocate and copy the frame; with many decode threads in a folder run
-    that copy was 38 % of all GIL time (py-spy, benchmarks/results/session3). Truncated files go to Pillow, which
-    names the error."""
+    that copy was 38 % of worker-thread GIL time (py-spy, benchmarks/results/20261130-2209_gil_profile_before.json).
+    Truncated files go to Pillow, which names the error."""
     if img.mode != "RGB" or img.format not in ("JPEG", "PNG") or img.info.get("progression") is not None:
         return None
     if img.format == "PNG" and ("transparency" in img.info or img.info.get("interlace")):
