@@ -1,7 +1,8 @@
 """FIR resampling (upfirdn2d) and fused bias + leaky ReLU in plain PyTorch.
 
 No compiled extension: these are the formulas of StyleGAN2's ops written as ordinary tensor code, so the model
-runs on any device, casts to any dtype and traces under torch.compile / CUDA Graphs without graph breaks.
+runs on any device, casts to any dtype and traces under torch.compile / CUDA Graphs without graph breaks. On CUDA
+the 4x4 FIR may instead run as one Triton kernel (fir_triton.py: inside graph captures and for big tensors).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from gpen_tune.ops import fir_triton
 
 
 def make_kernel(k: tuple[int, ...] | list[int]) -> torch.Tensor:
@@ -40,8 +43,6 @@ def upfirdn2d(
         x = F.pad(x, [0, up - 1, 0, 0, 0, up - 1])
         x = x.reshape(n, c, h * up, w * up)
     p0, p1 = pad
-    from gpen_tune.ops import fir_triton
-
     if p0 >= 0 and p1 >= 0 and fir_triton.applies(x, kernel):   # CUDA: one Triton pass (see fir_triton.py)
         x = fir_triton.fir4(x, kernel, (p0, p1), bias)
         return x[:, :, ::down, ::down] if down > 1 else x
