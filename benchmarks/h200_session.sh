@@ -15,6 +15,7 @@
 #   benchmarks/h200_session.sh part12  # session 3: bench GPEN-BFR-512 and -256 on the merged model (~9 min)
 #   benchmarks/h200_session.sh part13  # session 3: GPU tests, detector speed, throughput (one-sync P-Net), prepare threads 12/48 (~6 min)
 #   benchmarks/h200_session.sh part14  # session 3: throughput with the new default (48 prepare threads) twice, GPU tests (~5 min)
+#   benchmarks/h200_session.sh part15  # session 3: A/B/A of the detector stream's priority, pipeline only (~1.5 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -169,7 +170,12 @@ case "${1:-part1}" in
     step "GPU tests"
     timeout 200 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider --tb=short -rA 2>&1 | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|^E " | tail -40 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part14" >&2; exit 2 ;;
+  part15)
+    step "throughput GPEN-BFR-512, preset speed, pipeline: detector stream high priority / default / high"
+    timeout 100 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --skip-serial --ab-detector-priority --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part15" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

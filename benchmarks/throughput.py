@@ -332,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ab-caller-shrink", action="store_true",
                     help="also run the pipeline with the previous detector thread (it shrinks every image itself, "
                          "on the default CUDA stream): A/B in the same run")
+    ap.add_argument("--ab-detector-priority", action="store_true",
+                    help="also run the pipeline with the detector's CUDA stream at default priority: A/B in the "
+                         "same run")
     ap.add_argument("--workdir", type=Path, default=None, help="where the folders go (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -414,6 +417,23 @@ def main(argv: list[str] | None = None) -> int:
                                    max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
                                    bucket_batches=not compiled_or_graphed), meter, device)
         server._det_size, server.own_stream = kept, True
+    if args.ab_detector_priority and hasattr(server, "stream_priority"):
+        kept, server.stream_priority, server._stream = server.stream_priority, 0, None
+        print("pipeline, detector stream at default priority ...", flush=True)
+        runs["pipeline_detector_priority0"], _ = measure(
+            "pipeline_detector_priority0",
+            lambda: enhance_folder(folder, work / "out_pipeline_p0", enhancer=enhancer, workers=args.workers,
+                                   prepare_workers=args.prepare_workers, max_batch=batch,
+                                   max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
+                                   bucket_batches=not compiled_or_graphed), meter, device)
+        server.stream_priority, server._stream = kept, None
+        print("pipeline again, high-priority detector stream (A/B/A: order effects show up here) ...", flush=True)
+        runs["pipeline_repeat"], _ = measure(
+            "pipeline_repeat",
+            lambda: enhance_folder(folder, work / "out_pipeline_a2", enhancer=enhancer, workers=args.workers,
+                                   prepare_workers=args.prepare_workers, max_batch=batch,
+                                   max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
+                                   bucket_batches=not compiled_or_graphed), meter, device)
     pipe = runs["pipeline"]
     pipe["stage_analysis"] = limiting_stage(pipe)
 
