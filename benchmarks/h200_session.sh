@@ -16,6 +16,7 @@
 #   benchmarks/h200_session.sh part13  # session 3: GPU tests, detector speed, throughput (one-sync P-Net), prepare threads 12/48 (~6 min)
 #   benchmarks/h200_session.sh part14  # session 3: throughput with the new default (48 prepare threads) twice, GPU tests (~5 min)
 #   benchmarks/h200_session.sh part15  # session 3: A/B/A of the detector stream's priority, pipeline only (~1.5 min)
+#                                      # (run at 23:06 with high priority as the default, "pipeline" rows = high)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -333,8 +333,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run the pipeline with the previous detector thread (it shrinks every image itself, "
                          "on the default CUDA stream): A/B in the same run")
     ap.add_argument("--ab-detector-priority", action="store_true",
-                    help="also run the pipeline with the detector's CUDA stream at default priority: A/B in the "
-                         "same run")
+                    help="also run the pipeline with the detector's CUDA stream at high priority, then the default "
+                         "again: A/B/A in the same run")
     ap.add_argument("--workdir", type=Path, default=None, help="where the folders go (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -418,16 +418,16 @@ def main(argv: list[str] | None = None) -> int:
                                    bucket_batches=not compiled_or_graphed), meter, device)
         server._det_size, server.own_stream = kept, True
     if args.ab_detector_priority and hasattr(server, "stream_priority"):
-        kept, server.stream_priority, server._stream = server.stream_priority, 0, None
-        print("pipeline, detector stream at default priority ...", flush=True)
-        runs["pipeline_detector_priority0"], _ = measure(
-            "pipeline_detector_priority0",
+        kept, server.stream_priority, server._stream = server.stream_priority, -1, None
+        print("pipeline, detector stream at high priority ...", flush=True)
+        runs["pipeline_detector_high_priority"], _ = measure(
+            "pipeline_detector_high_priority",
             lambda: enhance_folder(folder, work / "out_pipeline_p0", enhancer=enhancer, workers=args.workers,
                                    prepare_workers=args.prepare_workers, max_batch=batch,
                                    max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
                                    bucket_batches=not compiled_or_graphed), meter, device)
         server.stream_priority, server._stream = kept, None
-        print("pipeline again, high-priority detector stream (A/B/A: order effects show up here) ...", flush=True)
+        print("pipeline again, default priority (A/B/A: order effects show up here) ...", flush=True)
         runs["pipeline_repeat"], _ = measure(
             "pipeline_repeat",
             lambda: enhance_folder(folder, work / "out_pipeline_a2", enhancer=enhancer, workers=args.workers,

@@ -44,7 +44,7 @@ class BatchingDetector:
         # server; det_size is read once here (reading it later from a lazy detector could rebuild it)
         self._det_size = getattr(inner, "det_size", None) if shrink_in_caller else None
         self.own_stream = True            # run the detector on its own CUDA stream (see _detect_on_own_stream)
-        self.stream_priority = -1         # CUDA stream priority of that stream: lower = higher (0 = default)
+        self.stream_priority = 0          # CUDA priority of that stream (lower = higher); -1 measured no faster
         self._stream = None
         self._max_images = max_images
         self._queue: queue.Queue[_Request | None] = queue.Queue()
@@ -125,9 +125,9 @@ class BatchingDetector:
 
     def _detect_on_own_stream(self, images: list) -> list:
         """The detector's kernels and host syncs on a stream of their own: on the default stream every sync of the
-        detector (a few per batch) also waited for the generator batch queued before it. The stream has a high
-        priority: in a folder run every prepare thread waits for the detector while the generator has slack
-        (busy ~35 %), so the detector's kernels go first when both have work queued."""
+        detector (a few per batch) also waited for the generator batch queued before it. A high-priority stream
+        was tried and measured no faster (H200, A/B/A in one run: 385 / 419 / 397 faces/s for high / default /
+        high, benchmarks/results/20261130-230700*), so it has the default priority."""
         device = getattr(self._inner, "device", None)
         if not self.own_stream or device is None or torch.device(device).type != "cuda":
             return self._inner.detect(images)
