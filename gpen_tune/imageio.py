@@ -44,6 +44,7 @@ FORMAT_TO_EXT = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "TIF
 INPUT_EXTENSIONS = tuple(EXT_TO_FORMAT)
 ORIENTATION_TAG = 0x0112
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+_IMREAD_COLOR_RGB = getattr(cv2, "IMREAD_COLOR_RGB", None)   # pyproject allows OpenCV 4.8, which lacks it
 
 
 class ImageReadError(ValueError):
@@ -143,7 +144,12 @@ def _decode_with_opencv(path: Path, img: Image.Image) -> np.ndarray | None:
     end = b"\xff\xd9" if img.format == "JPEG" else b"IEND\xaeB`\x82"
     if not data.rstrip(b"\x00").endswith(end):
         return None
-    rgb = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION)
+    buf = np.frombuffer(data, np.uint8)
+    if _IMREAD_COLOR_RGB is not None:                   # OpenCV >= 4.10: RGB straight from the decoder
+        rgb = cv2.imdecode(buf, _IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION)
+    else:
+        bgr = cv2.imdecode(buf, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+        rgb = None if bgr is None else cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
     if rgb is None or rgb.shape[:2] != (img.size[1], img.size[0]):
         return None
     return rgb
