@@ -110,3 +110,25 @@ def test_cuda_dispatch_and_values():
             fir_triton.MODE = "auto"
         assert got.shape == want.shape and got.dtype == dtype
         assert float((got.float() - want).abs().max() / want.abs().max()) <= tol
+
+
+def test_disable_after_a_failure_warns_once_and_keeps_the_conv_path():
+    """A Triton compile/launch failure turns the kernel off for the process (upfirdn2d then uses the conv)."""
+    import warnings
+
+    import torch
+
+    from gpen_tune.ops import fir_triton
+
+    kept = fir_triton.MODE
+    try:
+        fir_triton.MODE = "always"
+        with pytest.warns(RuntimeWarning, match="Triton FIR disabled.*ptxas failed"):
+            fir_triton.disable("CalledProcessError: ptxas failed")
+        assert fir_triton.MODE == "never"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")           # a second failure does not warn again
+            fir_triton.disable("again")
+        assert not fir_triton.applies(torch.zeros(1, 2, 8, 8), torch.ones(4, 4) / 16)
+    finally:
+        fir_triton.MODE = kept

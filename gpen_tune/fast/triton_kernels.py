@@ -30,7 +30,10 @@ def available(device: torch.device | str) -> bool:
         return False
     if os.environ.get("TRITON_INTERPRET") == "1":
         return True
-    return torch.device(device).type == "cuda"
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 0)   # what Triton supports; older GPUs: the twins
 
 
 def _tiles(c: int) -> tuple[int, int, int]:

@@ -44,8 +44,13 @@ def upfirdn2d(
         x = x.reshape(n, c, h * up, w * up)
     p0, p1 = pad
     if p0 >= 0 and p1 >= 0 and fir_triton.applies(x, kernel):   # CUDA: one Triton pass (see fir_triton.py)
-        x = fir_triton.fir4(x, kernel, (p0, p1), bias)
-        return x[:, :, ::down, ::down] if down > 1 else x
+        try:
+            y = fir_triton.fir4(x, kernel, (p0, p1), bias)
+            return y[:, :, ::down, ::down] if down > 1 else y
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a Triton compile/launch failure must not break the model
+            fir_triton.disable(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}")
     same = p0 == p1 and p0 >= 0                 # symmetric: let the conv pad (no padded copy of x)
     if not same and (p0 or p1):
         x = F.pad(x, [p0, p1, p0, p1])

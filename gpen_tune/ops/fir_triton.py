@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import warnings
 
 import torch
 
@@ -58,9 +59,30 @@ def applies(x: torch.Tensor, kernel: torch.Tensor) -> bool:
         return False
     if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return False
+    if not _INTERPRET and not _capable(x.device):
+        return False
     if MODE == "always" or _INTERPRET:
         return True
     return x.numel() >= EAGER_MIN_ELEMENTS or getattr(_capturing, "depth", 0) > 0
+
+
+_capable_devices: dict[int, bool] = {}
+
+
+def _capable(device: torch.device) -> bool:
+    """Triton supports compute capability 8.0 and newer (older GPUs, e.g. many 4 GB laptop cards, keep the conv)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _capable_devices:
+        _capable_devices[index] = torch.cuda.get_device_capability(index) >= (8, 0)
+    return _capable_devices[index]
+
+
+def disable(reason: str) -> None:
+    """Turn the kernel off for the rest of the process (a compile or launch failure), with one warning."""
+    global MODE
+    if MODE != "never":
+        MODE = "never"
+        warnings.warn(f"Triton FIR disabled, using PyTorch's conv instead: {reason}", RuntimeWarning, stacklevel=3)
 
 
 def fir4(x: torch.Tensor, kernel: torch.Tensor, pad: tuple[int, int], bias: torch.Tensor | None = None
