@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
             "serial", lambda: enhance_folder(folder, work / "out_serial", enhancer=enhancer, serial=True), meter,
             device)
     server = enhancer.detector                # the pipeline's BatchingDetector (installed by the warm-up run)
-    for k in ("calls", "images", "largest"):
+    for k in ("calls", "images", "largest", "busy_s"):
         if hasattr(server, k):
             setattr(server, k, 0)             # count the measured pipeline run only
     print("pipeline ...", flush=True)
@@ -405,6 +405,10 @@ def main(argv: list[str] | None = None) -> int:
                                            max_batch=batch, max_wait_ms=args.max_wait_ms, paste=args.paste,
                                            detect_batch=args.detect_batch,
                                            bucket_batches=not compiled_or_graphed), meter, device)
+    detector_stats = {k: getattr(server, k, None) for k in ("calls", "images", "largest", "busy_s")}
+    if detector_stats["busy_s"] is not None:  # share of the pipeline's wall time the detector thread was detecting
+        detector_stats["busy_s"] = round(detector_stats["busy_s"], 3)
+        detector_stats["busy_fraction"] = round(detector_stats["busy_s"] / runs["pipeline"]["wall_s"], 3)
     if args.ab_caller_shrink and hasattr(server, "_det_size"):
         # same run, same folder: the detector thread shrinks every image itself (the previous behaviour)
         kept, server._det_size = server._det_size, None
@@ -445,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model,
         "weights": args.weights,
         "tune": tune_info,
-        "detector_server": {k: getattr(enhancer.detector, k, None) for k in ("calls", "images", "largest")},
+        "detector_server": detector_stats,      # of the "pipeline" run (A/B runs after it not counted)
         "settings": {"batch": batch, "fixed_batch_padding": bool(compiled_or_graphed), "workers": args.workers,
                      "prepare_workers": pipe["stages"].get("prepare_workers"),
                      "max_wait_ms": args.max_wait_ms, "paste": args.paste, "detect_batch": args.detect_batch,

@@ -634,6 +634,7 @@ def test_detector_server_batches_waiting_callers_and_isolates_failures():
         t.join()
     server.close()
     assert gated.sizes[:2] == [1, 4]              # the second call took the four waiting requests at once
+    assert (server.calls, server.images) == (4, 4) and server.busy_s > 0   # 1, then 3 retried alone (bad one failed)
     assert [len(got[i]) for i in range(4)] == alone and alone[:3] == [1, 1, 4]
     assert isinstance(got[4], ValueError)
     with pytest.raises(RuntimeError, match="closed"):

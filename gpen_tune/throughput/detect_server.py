@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,7 +35,8 @@ class _Request:
 class BatchingDetector:
     """Wraps a detector (anything with `detect(list_of_images) -> list`); thread-safe `detect`.
 
-    Attributes (for benchmarks): `calls` detector calls made, `images` images detected, `largest` biggest batch.
+    Attributes (for benchmarks): `calls` detector calls made, `images` images detected, `largest` biggest batch,
+    `busy_s` wall seconds spent inside successful detector calls.
     Everything else (`name`, `before_restore`, ...) is forwarded to the wrapped detector.
     """
 
@@ -54,6 +56,7 @@ class BatchingDetector:
         self.calls = 0
         self.images = 0
         self.largest = 0
+        self.busy_s = 0.0                 # wall time inside detector calls (its share of a run: is it the limit?)
 
     @property
     def inner(self) -> Any:
@@ -104,8 +107,10 @@ class BatchingDetector:
 
     def _run(self, batch: list[_Request]) -> None:
         images = [im for r in batch for im in r.images]
+        start_s = time.perf_counter()
         try:
             found = self._detect_on_own_stream(images)
+            self.busy_s += time.perf_counter() - start_s
             self.calls += 1
             self.images += len(images)
             self.largest = max(self.largest, len(images))
