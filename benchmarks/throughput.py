@@ -398,13 +398,16 @@ def main(argv: list[str] | None = None) -> int:
     for k in ("calls", "images", "largest", "busy_s"):
         if hasattr(server, k):
             setattr(server, k, 0)             # count the measured pipeline run only
+
+    def pipeline(out: str):
+        """One pipelined run of the folder into work/out with this run's settings (for measure)."""
+        return lambda: enhance_folder(folder, work / out, enhancer=enhancer, workers=args.workers,
+                                      prepare_workers=args.prepare_workers, max_batch=batch,
+                                      max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
+                                      bucket_batches=not compiled_or_graphed)
+
     print("pipeline ...", flush=True)
-    runs["pipeline"], summaries["pipeline"] = measure(
-        "pipeline", lambda: enhance_folder(folder, work / "out_pipeline", enhancer=enhancer, workers=args.workers,
-                                           prepare_workers=args.prepare_workers,
-                                           max_batch=batch, max_wait_ms=args.max_wait_ms, paste=args.paste,
-                                           detect_batch=args.detect_batch,
-                                           bucket_batches=not compiled_or_graphed), meter, device)
+    runs["pipeline"], summaries["pipeline"] = measure("pipeline", pipeline("out_pipeline"), meter, device)
     detector_stats = {k: getattr(server, k, None) for k in ("calls", "images", "largest", "busy_s")}
     if detector_stats["busy_s"] is not None:  # share of the pipeline's wall time the detector thread was detecting
         detector_stats["busy_s"] = round(detector_stats["busy_s"], 3)
@@ -414,30 +417,16 @@ def main(argv: list[str] | None = None) -> int:
         kept, server._det_size = server._det_size, None
         server.own_stream = False
         print("pipeline, previous detector thread ...", flush=True)
-        runs["pipeline_server_shrink"], _ = measure(
-            "pipeline_server_shrink",
-            lambda: enhance_folder(folder, work / "out_pipeline_b", enhancer=enhancer, workers=args.workers,
-                                   prepare_workers=args.prepare_workers, max_batch=batch,
-                                   max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
-                                   bucket_batches=not compiled_or_graphed), meter, device)
+        runs["pipeline_server_shrink"], _ = measure("pipeline_server_shrink", pipeline("out_pipeline_b"), meter, device)
         server._det_size, server.own_stream = kept, True
     if args.ab_detector_priority and hasattr(server, "stream_priority"):
         kept, server.stream_priority, server._stream = server.stream_priority, -1, None
         print("pipeline, detector stream at high priority ...", flush=True)
-        runs["pipeline_detector_high_priority"], _ = measure(
-            "pipeline_detector_high_priority",
-            lambda: enhance_folder(folder, work / "out_pipeline_p0", enhancer=enhancer, workers=args.workers,
-                                   prepare_workers=args.prepare_workers, max_batch=batch,
-                                   max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
-                                   bucket_batches=not compiled_or_graphed), meter, device)
+        runs["pipeline_detector_high_priority"], _ = measure("pipeline_detector_high_priority",
+                                                             pipeline("out_pipeline_p0"), meter, device)
         server.stream_priority, server._stream = kept, None
         print("pipeline again, default priority (A/B/A: order effects show up here) ...", flush=True)
-        runs["pipeline_repeat"], _ = measure(
-            "pipeline_repeat",
-            lambda: enhance_folder(folder, work / "out_pipeline_a2", enhancer=enhancer, workers=args.workers,
-                                   prepare_workers=args.prepare_workers, max_batch=batch,
-                                   max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
-                                   bucket_batches=not compiled_or_graphed), meter, device)
+        runs["pipeline_repeat"], _ = measure("pipeline_repeat", pipeline("out_pipeline_a2"), meter, device)
     pipe = runs["pipeline"]
     pipe["stage_analysis"] = limiting_stage(pipe)
 

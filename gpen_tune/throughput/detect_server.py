@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpen_tune.face.detect import rescale, shrink_for_detection
+
 MAX_IMAGES = 32      # images per detector call (the batched MTCNN bounds its own memory per chunk)
 
 
@@ -66,8 +68,6 @@ class BatchingDetector:
         if not images:
             return []
         if self._det_size:
-            from gpen_tune.face.detect import rescale, shrink_for_detection
-
             shrunk = [shrink_for_detection(img, self._det_size) for img in images]
             found = self._detect([small for small, _ in shrunk])
             return [rescale(dets, sx, sy) for dets, (_, (sx, sy)) in zip(found, shrunk, strict=True)]

@@ -238,8 +238,7 @@ class CropRestorer:
             b = min(self.limit, n - i)
             parts.append(self._restore_split(x[i: i + b], deferred))
             i += b
-        flags = [f for _, f in parts if f is not None]
-        return torch.cat([y for y, _ in parts]), torch.stack(flags).all() if flags else None
+        return join_parts(parts)
 
 
 class FixedBatch:
@@ -262,9 +261,7 @@ class FixedBatch:
     def forward_deferred(self, x: torch.Tensor, deferred: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         n = x.shape[0]
         if n > self.batch:
-            parts = [self.forward_deferred(c, deferred) for c in x.split(self.batch)]
-            flags = [f for _, f in parts if f is not None]
-            return torch.cat([y for y, _ in parts]), torch.stack(flags).all() if flags else None
+            return join_parts([self.forward_deferred(c, deferred) for c in x.split(self.batch)])
         if n < self.batch:
             x = torch.cat([x, x.new_zeros((self.batch - n, *x.shape[1:]))])
         y, finite = call_deferred(self.restore, x) if deferred else (self.restore(x), None)
@@ -272,6 +269,12 @@ class FixedBatch:
 
     def recover(self, x: torch.Tensor) -> torch.Tensor:
         return self.restore.recover(x)
+
+
+def join_parts(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The (output, finite flag) of a batch run in parts: outputs concatenated, flags and-ed (None if none)."""
+    flags = [f for _, f in parts if f is not None]
+    return torch.cat([y for y, _ in parts]), torch.stack(flags).all() if flags else None
 
 
 def call_deferred(restore: RestoreFn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -77,6 +77,7 @@ class Restorer:
         self.warmup_seconds: dict[tuple, float] = {}
         self.warmup_reserved_bytes = 0
         self.fp32_reruns = 0
+        self._deferred_flags: list[torch.Tensor] | None = None   # set during forward_deferred: guard flags, no sync
 
     def record(self, msg: str) -> None:
         self.fallbacks.append(msg)
@@ -133,8 +134,6 @@ class Restorer:
         """The fp32 re-run of a batch whose deferred finite check failed (what `self(batch)` does inline)."""
         with torch.no_grad():
             return self._rerun_fp32(batch.to(self.device) if self.device is not None else batch)
-
-    _deferred_flags: list[torch.Tensor] | None = None
 
     def _run_guarded(self, chunk: torch.Tensor) -> torch.Tensor:
         key = (chunk.shape[0], tuple(chunk.shape[1:]), chunk.dtype)
