@@ -77,7 +77,7 @@ class RunnerConfig:
         On CUDA the prepare threads mostly wait for the one detector thread (gpen_tune.throughput.detect_server),
         and the number waiting is the detector's batch: 6x the finish threads (at most 48) keeps its batches
         large (H200, 256 photos, preset speed: 12 / 24 / 48 threads -> 227 / 273 / 337 faces/s,
-        benchmarks/results/20261130-2245*). Elsewhere one per finish thread."""
+        benchmarks/results/20261130-224513, -224448, -224536). Elsewhere one per finish thread."""
         workers = self.workers or default_workers()
         prepare = self.prepare_workers or (min(48, 6 * workers) if device_type == "cuda" else workers)
         max_batch = self.max_batch or (32 if device_type == "cuda" else 4)
