@@ -27,6 +27,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -52,13 +53,41 @@ def load_before(directory: Path):
     return importlib.import_module("before_model.gpen").FullGenerator
 
 
+class _ChannelsLastWeights:
+    """Experiment (variant "after_cl_weights"): batch-1 modulated weights of the non-upsampling convs made from a
+    channels-last copy of the base weight, so they are NHWC as cuDNN's TF32/bf16 kernels want them. Hypothesis from
+    the bs1 profile: 39 nchwToNhwc + 20 nhwcToNchw copies for ~20 convs = input + weight in, output back, the
+    modulated weight (a new tensor each call) converted every call. PyTorch then runs the conv channels-last
+    (its own input copy) and the output is made NCHW again, so only the weight conversion should disappear."""
+
+    def __init__(self, mod):
+        self.mod, self.orig = mod, mod._forward_single
+        self.w_cl = mod.weight[0].detach().contiguous(memory_format=torch.channels_last)
+
+    def __call__(self, x, style, d, bias, gain):
+        m = self.mod
+        if m.upsample:
+            return self.orig(x, style, d, bias, gain)
+        s = style[0] * (m.weight_gain * gain)
+        coef = s[None, :] if d is None else d[0, :, None] * s[None, :]
+        weight = (self.w_cl * coef.to(self.w_cl.dtype)[:, :, None, None]).to(x.dtype)   # stays channels-last
+        return F.conv2d(x, weight, bias, padding=m.padding).contiguous()
+
+
 def build(variant: str, model: str, dtype: torch.dtype, before_cls, device: torch.device) -> torch.nn.Module:
     net = load_model("synthetic", model=model, device=device)
     if variant == "before":
         old = before_cls(net.cfg)
         old.load_state_dict(net.state_dict(), strict=True)
         net = old.to(device).eval().requires_grad_(False)
-    return cast_model(net, dtype) if dtype != torch.float32 else net
+    net = cast_model(net, dtype) if dtype != torch.float32 else net
+    if variant == "after_cl_weights":
+        from gpen_tune.model.layers import ModulatedConv2d
+
+        for mod in net.modules():
+            if isinstance(mod, ModulatedConv2d):
+                mod._forward_single = _ChannelsLastWeights(mod)
+    return net
 
 
 def profile_forward(fn, x: torch.Tensor, top: int) -> dict:
@@ -95,7 +124,8 @@ def main() -> None:
     before_cls = load_before(args.before) if args.before else None
     size = int(args.model.rsplit("-", 1)[-1])
     x = torch.rand(1, 3, size, size, device=device) * 2 - 1
-    variants = (["before"] if before_cls else []) + ["after_torch_fir", "after_triton_always", "after"]
+    variants = (["before"] if before_cls else []) + ["after_torch_fir", "after_triton_always", "after",
+                                                      "after_cl_weights"]
     fir_mode = {"after_torch_fir": "never", "after_triton_always": "always"}
     results, reference = [], {}
     for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
