@@ -13,7 +13,9 @@ pixels into one reusable shared-memory segment (images back to back at 64-byte a
 needs more) and sends only the layout through a pipe; the child detects on views of the segment and answers with
 boxes, scores and landmarks per image. One batch is in flight at a time, so the segment is never written while
 the child reads it. A failing batch is retried request by request in the child, so one bad image fails only its
-caller; the child's exceptions are re-raised in that caller.
+caller; the child's exceptions are re-raised in that caller. The child leaves when the parent closes it or dies
+(EOF on the pipe; it is also a daemon). It is started with "spawn" (no fork of a threaded CUDA process), so a
+script that builds one needs the `if __name__ == "__main__":` guard (the child re-imports the main module).
 """
 
 from __future__ import annotations
