@@ -18,6 +18,7 @@
 #   benchmarks/h200_session.sh part15  # session 3: A/B/A of the detector stream's priority, pipeline only (~1.5 min)
 #                                      # (run at 23:06 with high priority as the default, "pipeline" rows = high)
 #   benchmarks/h200_session.sh part16  # next: plain bs1 with channels-last modulated weights (after_cl_weights) (~1 min)
+#   benchmarks/h200_session.sh part17  # next: pipeline with the detector thread vs the detector process, one run (~2 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -181,7 +182,12 @@ case "${1:-part1}" in
     step "plain model at batch 1: FIR variants and channels-last modulated weights, eager and graph, one run"
     timeout 150 "$PY" benchmarks/plain_bs1.py --model GPEN-BFR-512 --out "$DEST" 2>&1 | tail -80 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part16" >&2; exit 2 ;;
+  part17)
+    step "throughput GPEN-BFR-512, preset speed: serial, pipeline (detector thread), pipeline (detector process)"
+    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --ab-detector-process --out "$DEST" 2>&1 | tail -14 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part17" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

@@ -335,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ab-detector-priority", action="store_true",
                     help="also run the pipeline with the detector's CUDA stream at high priority, then the default "
                          "again: A/B/A in the same run")
+    ap.add_argument("--ab-detector-process", action="store_true",
+                    help="also run the pipeline with the detector in a process of its own (own GIL, own CUDA "
+                         "context; pixels through shared memory): A/B in the same run")
     ap.add_argument("--workdir", type=Path, default=None, help="where the folders go (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -427,6 +430,29 @@ def main(argv: list[str] | None = None) -> int:
         server.stream_priority, server._stream = kept, None
         print("pipeline again, default priority (A/B/A: order effects show up here) ...", flush=True)
         runs["pipeline_repeat"], _ = measure("pipeline_repeat", pipeline("out_pipeline_a2"), meter, device)
+    process_detector = None
+    if args.ab_detector_process:
+        def run_with_process_detector(inputs, out: Path):
+            return enhance_folder(inputs, out, enhancer=enhancer, workers=args.workers,
+                                  prepare_workers=args.prepare_workers, max_batch=batch,
+                                  max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
+                                  bucket_batches=not compiled_or_graphed, detector_process=True)
+
+        print("pipeline, detector in its own process (start + warm-up not timed) ...", flush=True)
+        # the first run spawns the detector process (it replaces the detector thread) and warms its detector;
+        # the child's memory is not in this process's RSS / GPU peaks below
+        run_with_process_detector(warm_in, work / "warm_proc")
+        proc = enhancer.detector
+        for k in ("calls", "images", "largest"):
+            setattr(proc, k, 0)
+        runs["pipeline_detector_process"], summaries["pipeline_detector_process"] = measure(
+            "pipeline_detector_process", lambda: run_with_process_detector(folder, work / "out_pipeline_proc"),
+            meter, device)
+        process_detector = {k: getattr(proc, k) for k in ("calls", "images", "largest")}
+        process_detector["outputs_vs_pipeline"] = compare_outputs(summaries["pipeline"].results,
+                                                                  summaries["pipeline_detector_process"].results)
+        proc.close()
+        enhancer._detector = server           # back to the detector thread (the process one replaced it)
     pipe = runs["pipeline"]
     pipe["stage_analysis"] = limiting_stage(pipe)
 
@@ -439,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         "weights": args.weights,
         "tune": tune_info,
         "detector_server": detector_stats,      # of the "pipeline" run (A/B runs after it not counted)
+        **({"detector_process": process_detector} if process_detector is not None else {}),
         "settings": {"batch": batch, "fixed_batch_padding": bool(compiled_or_graphed), "workers": args.workers,
                      "prepare_workers": pipe["stages"].get("prepare_workers"),
                      "max_wait_ms": args.max_wait_ms, "paste": args.paste, "detect_batch": args.detect_batch,

@@ -43,6 +43,7 @@ def enhance_folder(
     save_comparison: bool = False,
     serial: bool = False,
     bucket_batches: bool = True,
+    detector_process: bool = False,
     on_result: Callable[[ImageResult], None] | None = None,
 ) -> RunSummary:
     """Restore every face of every input, faces batched across images; outputs named as the serial path.
@@ -65,6 +66,8 @@ def enhance_folder(
         serial: run the serial driver `enhance_paths` instead (the old path; same outputs).
         bucket_batches: batches of bucket sizes (1, 2, 4, ...); False takes up to max_batch at once (for a
             restorer that pads every batch to one shape, e.g. `FixedBatch`).
+        detector_process: the detector in a process of its own (`throughput.detect_process`; opt-in, not
+            measured on a GPU yet) instead of a thread of this one. Not with a lazy detector.
         on_result: called per image, in completion order, in the calling thread.
     Returns:
         RunSummary: per-image results in input order, wall time, per-stage timings.
@@ -87,7 +90,8 @@ def enhance_folder(
         device = enhancer.device
         batch = max_batch or (32 if device.type == "cuda" else enhancer.settings.batch_size)
         restorer = CropRestorer(enhancer.restore_fn, device, enhancer.size, max_batch=batch, dtype=enhancer.dtype)
-        stages = EnhancerStages(enhancer, naming, paths, stems, paste, save_faces, save_comparison)
+        stages = EnhancerStages(enhancer, naming, paths, stems, paste, save_faces, save_comparison,
+                                detector_process=detector_process)
         cfg = RunnerConfig(workers=workers, max_batch=batch, max_wait_ms=max_wait_ms, max_inflight=max_inflight,
                            bucket_batches=bucket_batches, detect_batch=detect_batch, prepare_workers=prepare_workers)
         return run_pipeline(paths, stages, restorer, cfg, on_result=on_result, before_restore=stages.before_restore,

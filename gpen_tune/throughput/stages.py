@@ -36,10 +36,13 @@ class EnhancerStages:
         stems: output stem per input index (default: each input's stem).
         paste: "auto" (GPU for frames >= GPU_PASTE_MIN_PIXELS on CUDA), "cpu" or "gpu".
         save_faces / save_comparison: the serial driver's extra outputs.
+        detector_process: run the detector in a process of its own (`detect_process.ProcessDetector`, opt-in,
+            not measured on a GPU yet) instead of a thread of this one; refused with a lazy detector.
     """
 
     def __init__(self, enhancer: Any, naming: Any, paths: Sequence[Path], stems: Sequence[str] | None = None,
-                 paste: str = "auto", save_faces: bool = False, save_comparison: bool = False):
+                 paste: str = "auto", save_faces: bool = False, save_comparison: bool = False,
+                 detector_process: bool = False):
         if paste not in PASTE_MODES:
             raise ValueError(f"paste must be one of {', '.join(PASTE_MODES)}, got {paste!r}")
         self.enhancer = enhancer
@@ -50,13 +53,10 @@ class EnhancerStages:
         self.save_comparison = save_comparison
         # build lazily-created parts once, here: their properties are not safe to race from worker threads
         if not enhancer.settings.aligned:
-            from gpen_tune.throughput.detect_server import BatchingDetector
-
-            det = enhancer.detector
-            if not isinstance(det, BatchingDetector):
-                if hasattr(det, "before_restore") and not isinstance(det, SharedDetector):
-                    det = SharedDetector(det)      # a lazy detector: release only between detections
-                enhancer._detector = BatchingDetector(det)   # one detector thread serves every prepare worker
+            if detector_process:
+                _install_process_detector(enhancer)
+            else:
+                _install_detector_thread(enhancer)
         if enhancer.settings.parse_mask and not enhancer.settings.aligned and enhancer.settings.strength > 0:
             _ = enhancer.parser
 
@@ -149,6 +149,32 @@ class EnhancerStages:
         job.result = job.picture.with_pixels(pixels)
         job.status = "ok"
         job.add_time("paste", time.perf_counter() - t)
+
+
+def _install_detector_thread(enhancer: Any) -> None:
+    """One detector thread serves every prepare worker (a detector that already serves many threads is kept)."""
+    from gpen_tune.throughput.detect_process import ProcessDetector
+    from gpen_tune.throughput.detect_server import BatchingDetector
+
+    det = enhancer.detector
+    if not isinstance(det, BatchingDetector | ProcessDetector):
+        if hasattr(det, "before_restore") and not isinstance(det, SharedDetector):
+            det = SharedDetector(det)      # a lazy detector: release only between detections
+        enhancer._detector = BatchingDetector(det)
+
+
+def _install_process_detector(enhancer: Any) -> None:
+    """The enhancer's detector becomes a ProcessDetector built like the one it has (or would build from its
+    settings). The detector it replaces is not closed: whoever built it still owns it (benchmarks swap back)."""
+    from gpen_tune.throughput.detect_process import DetectorSpec, ProcessDetector
+
+    det = enhancer._detector
+    if isinstance(det, ProcessDetector):
+        return
+    s = enhancer.settings
+    spec = (DetectorSpec.from_settings(s, enhancer.device) if det is None
+            else DetectorSpec.of(det, s.detector_weights))
+    enhancer._detector = ProcessDetector(spec)
 
 
 _local = threading.local()

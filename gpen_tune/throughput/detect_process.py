@@ -1,0 +1,427 @@
+"""Opt-in: the face detector in a worker process of its own, serving the prepare threads in batches.
+
+Why: in a folder run the detector thread of `detect_server.BatchingDetector` runs hundreds of small torch ops
+per batch in Python (`gpen_tune.face.mtcnn_batched`) and competes for the GIL with ~60 other threads (H200: ~73
+images/s in the run against 292 images/s for the same driver alone, py-spy shows the GIL). A process has its
+own GIL and its own CUDA context. NOT measured on a GPU yet (see `benchmarks/throughput.py
+--ab-detector-process`); note that without MPS the GPU time-slices between the two processes' contexts, so the
+detector's kernels no longer overlap the generator's as they can on a second stream of one process.
+
+How: the batching is the same as BatchingDetector's (callers shrink to det_size in their own threads; a server
+thread in this process takes everything queued, up to MAX_IMAGES, per call). The server thread copies the batch's
+pixels into one reusable shared-memory segment (images back to back at 64-byte aligned offsets, grown when a batch
+needs more) and sends only the layout through a pipe; the child detects on views of the segment and answers with
+boxes, scores and landmarks per image. One batch is in flight at a time, so the segment is never written while
+the child reads it. A failing batch is retried request by request in the child, so one bad image fails only its
+caller; the child's exceptions are re-raised in that caller. The child leaves when the parent closes it or dies
+(EOF on the pipe; it is also a daemon). It is started with "spawn" (no fork of a threaded CUDA process), so a
+script that builds one needs the `if __name__ == "__main__":` guard (the child re-imports the main module).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import pickle
+import queue
+import signal
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any
+
+import numpy as np
+
+MAX_IMAGES = 32                 # images per detector call, as BatchingDetector
+MIN_SEGMENT_BYTES = 32 << 20    # first shared-memory segment (pages are only committed when written)
+ALIGN = 64                      # byte alignment of each image in the segment
+START_TIMEOUT_S = 300.0         # spawn + import torch + build the detector (+ CUDA context) must fit in this
+STOP_TIMEOUT_S = 10.0           # close(): how long the child may take to exit before it is terminated
+
+_Packed = tuple[np.ndarray, np.ndarray, np.ndarray]       # boxes [N, 4], scores [N], landmarks [N, 5, 2]
+
+
+class DetectorProcessError(RuntimeError):
+    """The detector process failed (did not start, died, or raised an exception that could not be sent back)."""
+
+
+@dataclass(frozen=True)
+class DetectorSpec:
+    """What the child needs to build the detector itself (picklable; the networks are never sent).
+
+    `torch_threads`: the child's intra-op threads (the parent's count by default: on the CPU it also decides
+    convolution code paths, so the same count gives the same detections)."""
+
+    name: str = "mtcnn"
+    device: str = "cpu"
+    threshold: float | None = None
+    det_size: int | None = 1024
+    weights: str | None = None
+    torch_threads: int | None = None
+
+    @classmethod
+    def of(cls, detector: Any, weights: str | None = None) -> DetectorSpec:
+        """The spec of a built detector (a BatchingDetector is looked through); a lazy one is refused."""
+        from gpen_tune.throughput.detect_server import BatchingDetector
+
+        if isinstance(detector, BatchingDetector):
+            detector = detector.inner
+        if hasattr(detector, "before_restore"):
+            raise ValueError("the process detector does not support the lazy detector (--lazy-detector frees "
+                             "memory in this process, the detector process holds its own): use one or the other")
+        return cls(name=detector.name, device=str(detector.device), threshold=detector.threshold,
+                   det_size=detector.det_size, weights=None if weights is None else str(weights),
+                   torch_threads=_torch_threads())
+
+    @classmethod
+    def from_settings(cls, settings: Any, device: Any) -> DetectorSpec:
+        """The spec of the detector an Enhancer would build from its settings ("auto" is resolved in the child)."""
+        weights = settings.detector_weights
+        return cls(name=settings.detector, device=str(device), threshold=settings.det_threshold,
+                   det_size=settings.det_size, weights=None if weights is None else str(weights),
+                   torch_threads=_torch_threads())
+
+    def build(self) -> Any:
+        from gpen_tune.face.detect import init_detector
+
+        return init_detector(self.name, device=self.device, weights=self.weights, threshold=self.threshold,
+                             det_size=self.det_size)
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+class _Request:
+    __slots__ = ("done", "error", "images", "result")
+
+    def __init__(self, images: list[np.ndarray]):
+        self.images = images
+        self.done = threading.Event()
+        self.result: list[_Packed] | None = None
+        self.error: BaseException | None = None
+
+
+class ProcessDetector:
+    """A detector in a child process; thread-safe `detect(images) -> list[list[Detection]]`.
+
+    Attributes (for benchmarks): `calls` detector calls, `images` images detected, `largest` biggest batch;
+    `name`, `device`, `threshold`, `det_size` as the child's detector; `process` the child (a spawn Process).
+    `shrink_in_caller`: shrink to det_size in the calling thread (else the child's detector does it).
+    """
+
+    def __init__(self, spec: DetectorSpec, max_images: int = MAX_IMAGES, shrink_in_caller: bool = True,
+                 start_timeout_s: float = START_TIMEOUT_S):
+        import torch
+
+        self.spec = spec
+        self.shrink_in_caller = shrink_in_caller
+        self._max_images = max_images
+        ctx = mp.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe()
+        self.process = ctx.Process(target=_child_main, args=(spec, child_conn), name="gpen-detect-process",
+                                   daemon=True)
+        self.process.start()
+        child_conn.close()               # only the child holds its end: its death reads as EOF here
+        ready = self._wait_ready(start_timeout_s)
+        self.name, self.threshold, self.det_size = ready["name"], ready["threshold"], ready["det_size"]
+        self.device = torch.device(ready["device"])
+        self._shm: SharedMemory | None = None
+        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._dead: BaseException | None = None
+        self.calls = 0
+        self.images = 0
+        self.largest = 0
+        self._thread = threading.Thread(target=self._serve, name="gpen-detect-process-io", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def for_detector(cls, detector: Any, weights: str | None = None, **kwargs: Any) -> ProcessDetector:
+        """A process detector built like `detector` (which stays as it is; the caller still owns it)."""
+        return cls(DetectorSpec.of(detector, weights), **kwargs)
+
+    def _wait_ready(self, timeout_s: float) -> dict:
+        try:
+            if not self._conn.poll(timeout_s):
+                raise DetectorProcessError(f"the detector process did not start within {timeout_s:.0f} s")
+            kind, payload = self._conn.recv()
+        except (EOFError, OSError):
+            self._stop_process()
+            raise DetectorProcessError(f"the detector process exited (code {self.process.exitcode}) before it was "
+                                       "ready") from None
+        except BaseException:
+            self._stop_process()
+            raise
+        if kind == "error":
+            self._stop_process()
+            raise _exception(payload)
+        return payload
+
+    # -- callers ------------------------------------------------------------------------------------------------
+    def detect(self, images: Sequence[np.ndarray]) -> list:
+        """Faces of every image (as the in-process detector: highest score first, original coordinates)."""
+        from gpen_tune.face.detect import rescale, shrink_for_detection
+
+        if not images:
+            return []
+        if self.shrink_in_caller and self.det_size:
+            shrunk = [shrink_for_detection(img, self.det_size) for img in images]
+            found = self._detect([small for small, _ in shrunk])
+            return [rescale(dets, sx, sy) for dets, (_, (sx, sy)) in zip(found, shrunk, strict=True)]
+        return self._detect([_checked(img) for img in images])
+
+    def _detect(self, images: list[np.ndarray]) -> list:
+        req = _Request(images)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("detector was closed")
+            self._queue.put(req)
+        req.done.wait()
+        if req.error is not None:
+            raise req.error
+        return [_unpack(p) for p in req.result]
+
+    # -- server thread ------------------------------------------------------------------------------------------
+    def _serve(self) -> None:
+        while True:
+            batch = self._take_batch()
+            if batch is None:
+                return
+            if self._dead is not None:
+                _finish(batch, error=self._dead)
+            else:
+                self._run(batch)
+
+    def _take_batch(self) -> list[_Request] | None:
+        """Everything already queued (continuous batching: never waits for company), up to the image cap."""
+        req = self._queue.get()
+        if req is None:
+            return None
+        batch, n = [req], len(req.images)
+        while n < self._max_images:
+            try:
+                nxt = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is None:
+                self._queue.put(None)          # stop after this batch
+                break
+            batch.append(nxt)
+            n += len(nxt.images)
+        return batch
+
+    def _run(self, batch: list[_Request]) -> None:
+        images = [im for r in batch for im in r.images]
+        try:
+            layout = self._pack(images)
+        except Exception as exc:                # e.g. no room for a huge batch: retry request by request
+            if len(batch) == 1:
+                _finish(batch, error=exc)
+            else:
+                for r in batch:
+                    self._run([r])
+            return
+        try:
+            self._conn.send(("detect", self._shm.name, layout, [len(r.images) for r in batch]))
+            replies = self._conn.recv()
+        except (EOFError, OSError):
+            self.process.join(1.0)
+            self._dead = DetectorProcessError(f"the detector process died (exit code {self.process.exitcode})")
+            _finish(batch, error=self._dead)
+            return
+        self.calls += 1
+        self.images += len(images)
+        self.largest = max(self.largest, len(images))
+        for r, (kind, payload) in zip(batch, replies, strict=True):
+            if kind == "ok":
+                r.result = payload
+            else:
+                r.error = _exception(payload)
+        _finish(batch)
+
+    def _pack(self, images: list[np.ndarray]) -> list[tuple[int, tuple[int, ...]]]:
+        """Copy the images into the segment (grown if needed); (offset, shape) of each."""
+        layout, end = [], 0
+        for img in images:
+            layout.append((end, img.shape))
+            end += -(-img.nbytes // ALIGN) * ALIGN
+        if self._shm is None or self._shm.size < end:
+            self._grow(end)
+        buf = self._shm.buf
+        for img, (offset, shape) in zip(images, layout, strict=True):
+            np.ndarray(shape, np.uint8, buffer=buf, offset=offset)[...] = img
+        return layout
+
+    def _grow(self, need: int) -> None:
+        size = max(need, MIN_SEGMENT_BYTES, 2 * self._shm.size if self._shm is not None else 0)
+        new = SharedMemory(create=True, size=size)
+        self._free_segment()
+        self._shm = new                        # the child attaches to it at the next batch, by name
+
+    def _free_segment(self) -> None:
+        if self._shm is not None:
+            self._shm.close()
+            with contextlib.suppress(FileNotFoundError):
+                self._shm.unlink()
+            self._shm = None
+
+    # -- shutdown -----------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Finish the queued requests, stop the child (terminated if it does not exit in time), free the segment."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(None)
+        self._thread.join()
+        with contextlib.suppress(OSError):
+            self._conn.send(("close",))
+        self._stop_process()
+        self._free_segment()
+
+    def _stop_process(self) -> None:
+        """Wait for the child to exit, then terminate it, then kill it."""
+        self.process.join(STOP_TIMEOUT_S)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(STOP_TIMEOUT_S)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self._conn.close()
+
+    def __repr__(self) -> str:
+        return f"ProcessDetector(name={self.name!r}, device={str(self.device)!r}, pid={self.process.pid})"
+
+
+def _checked(img: np.ndarray) -> np.ndarray:
+    """Pixels travel as raw uint8 bytes; the shape is the child's detector's to judge."""
+    if not isinstance(img, np.ndarray) or img.dtype != np.uint8:
+        raise ValueError(f"detector input must be a uint8 array, got {type(img).__name__} "
+                         f"{getattr(img, 'dtype', '')}".rstrip())
+    return img
+
+
+def _finish(batch: list[_Request], error: BaseException | None = None) -> None:
+    for r in batch:
+        if error is not None:
+            r.error = error
+        r.done.set()
+
+
+def _unpack(packed: _Packed) -> list:
+    from gpen_tune.face.detect import Detection
+
+    boxes, scores, lms = packed
+    return [Detection(box=boxes[i], score=float(scores[i]), landmarks=lms[i]) for i in range(len(scores))]
+
+
+def _exception(payload: bytes | str) -> BaseException:
+    """The child's exception (pickled), or a DetectorProcessError with its text when it could not be pickled."""
+    if isinstance(payload, bytes):
+        try:
+            return pickle.loads(payload)
+        except Exception:  # noqa: BLE001 - an exception class this process cannot rebuild
+            return DetectorProcessError("the detector process raised an exception that could not be rebuilt")
+    return DetectorProcessError(payload)
+
+
+# ---------------------------------------------------------------------------------------------------- the child
+
+
+def _child_main(spec: DetectorSpec, conn: Any) -> None:
+    """Build the detector, then serve batches until the parent says close or goes away (EOF on the pipe)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the parent's to handle; it closes us
+    try:
+        import torch
+
+        if spec.torch_threads:
+            torch.set_num_threads(spec.torch_threads)
+        detector = spec.build()
+    except BaseException as exc:  # noqa: BLE001 - every start failure goes back to the parent
+        conn.send(("error", _pickled(exc)))
+        return
+    conn.send(("ready", {"name": detector.name, "device": str(detector.device), "threshold": detector.threshold,
+                         "det_size": detector.det_size}))
+    shm: SharedMemory | None = None
+    try:
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                return                          # the parent died
+            if msg[0] == "close":
+                return
+            _, name, layout, counts = msg
+            if shm is None or shm.name != name:         # the parent grew the segment
+                _detach(shm)
+                shm = SharedMemory(name=name)
+            conn.send(_detect_requests(detector, shm, layout, counts))
+    finally:
+        _detach(shm)
+        close = getattr(detector, "close", None)
+        if callable(close):
+            close()
+
+
+def _detect_requests(detector: Any, shm: SharedMemory, layout: list, counts: list[int]) -> list:
+    """("ok", packed detections per image) or ("error", pickled exception) per request; a failing batch is
+    retried request by request so that only the bad request fails."""
+    images = [np.ndarray(shape, np.uint8, buffer=shm.buf, offset=offset) for offset, shape in layout]
+    try:
+        found = detector.detect(images)
+    except Exception as exc:  # noqa: BLE001 - goes back to its caller(s)
+        if len(counts) == 1:
+            return [("error", _pickled(exc))]
+        return [_detect_one(detector, part) for part in _split(images, counts)]
+    return [("ok", [_pack_detections(d) for d in part]) for part in _split(found, counts)]
+
+
+def _detect_one(detector: Any, images: list[np.ndarray]) -> tuple[str, Any]:
+    try:
+        return "ok", [_pack_detections(d) for d in detector.detect(images)]
+    except Exception as exc:  # noqa: BLE001 - goes back to its caller
+        return "error", _pickled(exc)
+
+
+def _detach(shm: SharedMemory | None) -> None:
+    """Unmap a segment (the parent unlinks it); a view still alive somewhere only delays the unmapping."""
+    if shm is None:
+        return
+    try:
+        shm.close()
+    except BufferError:
+        import gc
+
+        gc.collect()
+        with contextlib.suppress(BufferError):
+            shm.close()
+
+
+def _split(items: list, counts: list[int]) -> list[list]:
+    out, start = [], 0
+    for n in counts:
+        out.append(items[start:start + n])
+        start += n
+    return out
+
+
+def _pack_detections(dets: list) -> _Packed:
+    if not dets:
+        return np.zeros((0, 4)), np.zeros(0), np.zeros((0, 5, 2))
+    return (np.stack([d.box for d in dets]), np.array([d.score for d in dets], dtype=np.float64),
+            np.stack([d.landmarks for d in dets]))
+
+
+def _pickled(exc: BaseException) -> bytes | str:
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)                      # some exceptions pickle but cannot be rebuilt
+        return data
+    except Exception:  # noqa: BLE001 - fall back to the text
+        return f"{type(exc).__name__}: {exc}"
