@@ -179,7 +179,7 @@ case "${1:-part1}" in
       --skip-serial --ab-detector-priority --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
   part16)
-    step "plain model at batch 1: FIR variants and channels-last modulated weights, eager and graph, one run"
+    step "plain model at batch 1: FIR variants, channels-last modulated weights, whole model NHWC, eager and graph, one run"
     timeout 150 "$PY" benchmarks/plain_bs1.py --model GPEN-BFR-512 --out "$DEST" 2>&1 | tail -80 >> "$LOG"
     ;;
   part17)

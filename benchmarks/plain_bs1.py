@@ -60,8 +60,8 @@ class _ChannelsLastWeights:
     modulated weight (a new tensor each call) converted every call. PyTorch then runs the conv channels-last
     (its own input copy) and the output is made NCHW again, so only the weight conversion should disappear."""
 
-    def __init__(self, mod):
-        self.mod, self.orig = mod, mod._forward_single
+    def __init__(self, mod, keep_layout: bool = False):
+        self.mod, self.orig, self.keep_layout = mod, mod._forward_single, keep_layout
         self.w_cl = mod.weight[0].detach().contiguous(memory_format=torch.channels_last)
 
     def __call__(self, x, style, d, bias, gain):
@@ -71,7 +71,52 @@ class _ChannelsLastWeights:
         s = style[0] * (m.weight_gain * gain)
         coef = s[None, :] if d is None else d[0, :, None] * s[None, :]
         weight = (self.w_cl * coef.to(self.w_cl.dtype)[:, :, None, None]).to(x.dtype)   # stays channels-last
-        return F.conv2d(x, weight, bias, padding=m.padding).contiguous()
+        y = F.conv2d(x, weight, bias, padding=m.padding)
+        return y if self.keep_layout else y.contiguous()
+
+
+class _StyledConvNHWC:
+    """Experiment (variant "after_nhwc"): StyledConv's concatenation buffer in the layout of the conv output."""
+
+    def __init__(self, mod):
+        self.mod = mod
+
+    def __call__(self, x, w, noise):
+        from gpen_tune.model.layers import LRELU_SLOPE, SQRT2
+
+        m = self.mod
+        c = m.conv.out_channel
+        bias = (m.activate.bias * SQRT2).to(x.dtype)
+        y = m.conv(x, w, bias=bias[:c], gain=SQRT2)
+        out = torch.empty((1, 2 * c, *y.shape[2:]), dtype=y.dtype, device=y.device,
+                          memory_format=torch.channels_last)
+        out[:, :c].copy_(y)
+        del y
+        out[:, c:].copy_(noise).mul_(m.noise.weight.to(out.dtype) * SQRT2).add_(bias[None, c:, None, None])
+        return F.leaky_relu(out, LRELU_SLOPE, inplace=True)
+
+
+class _ConvLayerNHWC:
+    """Experiment (variant "after_nhwc"): encoder conv weight scaled from a channels-last copy."""
+
+    def __init__(self, mod):
+        from gpen_tune.model.layers import SQRT2
+
+        self.mod = mod
+        *_, conv, act = mod
+        self.pre = list(mod)[:-2]
+        self.conv = conv
+        self.w_cl = (conv.weight.detach() * (conv.scale * SQRT2)).contiguous(memory_format=torch.channels_last)
+        self.bias = (act.bias.detach() * SQRT2)
+
+    def __call__(self, x):
+        from gpen_tune.model.layers import LRELU_SLOPE
+
+        for m in self.pre:
+            x = m(x)
+        y = F.conv2d(x, self.w_cl.to(x.dtype), self.bias.to(x.dtype), stride=self.conv.stride,
+                     padding=self.conv.padding)
+        return F.leaky_relu(y, LRELU_SLOPE, inplace=True)
 
 
 def build(variant: str, model: str, dtype: torch.dtype, before_cls, device: torch.device) -> torch.nn.Module:
@@ -81,12 +126,19 @@ def build(variant: str, model: str, dtype: torch.dtype, before_cls, device: torc
         old.load_state_dict(net.state_dict(), strict=True)
         net = old.to(device).eval().requires_grad_(False)
     net = cast_model(net, dtype) if dtype != torch.float32 else net
-    if variant == "after_cl_weights":
-        from gpen_tune.model.layers import ModulatedConv2d
+    if variant in ("after_cl_weights", "after_nhwc"):
+        from gpen_tune.model.layers import ConvLayer, ModulatedConv2d, StyledConv
 
         for mod in net.modules():
             if isinstance(mod, ModulatedConv2d):
-                mod._forward_single = _ChannelsLastWeights(mod)
+                mod._forward_single = _ChannelsLastWeights(mod, keep_layout=variant == "after_nhwc")
+            if variant == "after_nhwc" and isinstance(mod, StyledConv):
+                mod.forward = _StyledConvNHWC(mod)
+            if variant == "after_nhwc" and isinstance(mod, ConvLayer):
+                mod.forward = _ConvLayerNHWC(mod)
+    if variant == "after_nhwc":   # the input goes in channels-last, so every activation stays NHWC
+        inner = net.forward
+        net.forward = lambda x: inner(x.contiguous(memory_format=torch.channels_last))
     return net
 
 
@@ -125,7 +177,7 @@ def main() -> None:
     size = int(args.model.rsplit("-", 1)[-1])
     x = torch.rand(1, 3, size, size, device=device) * 2 - 1
     variants = (["before"] if before_cls else []) + ["after_torch_fir", "after_triton_always", "after",
-                                                      "after_cl_weights"]
+                                                      "after_cl_weights", "after_nhwc"]
     fir_mode = {"after_torch_fir": "never", "after_triton_always": "always"}
     results, reference = [], {}
     for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
