@@ -1,0 +1,174 @@
+"""Why is the face detector ~3x slower inside a folder run than alone? One process, same detector, same batches.
+
+In the throughput benchmark the detector thread is busy ~94 % of the pipeline run and does ~75 images/s, against
+~290 images/s for the same driver alone (benchmarks/detector_speed.py). Candidates: the GPU (the generator's
+batches and the GPU paste share it), the CPU (48 prepare threads decoding JPEGs), the GIL (each of the detector's
+~2,000 torch calls per batch runs under the GIL; after every host sync the detector thread must win it back).
+This script times the same detector call (batches of --batch real photos shrunk to 1024) under each load alone
+and together, reporting wall ms per call and the detector thread's own CPU ms per call (time.thread_time):
+wall growing with CPU ms constant = waiting (GPU or GIL); CPU ms growing = CPU contention or more work.
+
+    PYTHONPATH=$PWD python3 benchmarks/detector_contention.py --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import cv2
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from detector_speed import photo_pool  # noqa: E402
+
+from gpen_tune.face.detect import MTCNNDetector  # noqa: E402
+from gpen_tune.model.load import load_model  # noqa: E402
+
+
+class Load:
+    """Background threads that run `work()` until stopped; counts iterations."""
+
+    def __init__(self, name: str, threads: int, work):
+        self.name, self.n, self.work = name, threads, work
+        self.stop = threading.Event()
+        self.iters = 0
+        self.threads: list[threading.Thread] = []
+
+    def _loop(self):
+        while not self.stop.is_set():
+            self.work()
+            self.iters += 1
+
+    def __enter__(self):
+        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(self.n)]
+        for t in self.threads:
+            t.start()
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+def time_detector(det, batches, calls: int) -> dict:
+    wall, cpu = [], []
+    for i in range(calls):
+        imgs = batches[i % len(batches)]
+        t0, c0 = time.perf_counter(), time.thread_time()
+        det.detect(imgs)
+        wall.append(1e3 * (time.perf_counter() - t0))
+        cpu.append(1e3 * (time.thread_time() - c0))
+    return {"wall_ms": round(statistics.median(wall), 1), "thread_cpu_ms": round(statistics.median(cpu), 1),
+            "images_per_s": round(len(batches[0]) / (statistics.median(wall) / 1e3), 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=21, help="images per detector call (the pipeline's mean: ~21)")
+    ap.add_argument("--calls", type=int, default=12)
+    ap.add_argument("--prepare-threads", type=int, default=48)
+    ap.add_argument("--model", default="GPEN-BFR-512")
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script only")
+    ap.add_argument("--faces", type=int, default=32, help="faces per generator call of the GPU load")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    cv2.setNumThreads(1)
+    pool = [img for _, img in photo_pool(1024)]
+    batches = [[pool[(k + j) % len(pool)] for j in range(args.batch)] for k in range(len(pool))]
+    det = MTCNNDetector(device=args.device)
+    det.detect(batches[0])
+    cuda = device.type == "cuda"
+    stream = torch.cuda.Stream() if cuda else None
+
+    # GPU load: the folder run's generator (preset speed, batch 32) back to back on its own stream
+    from gpen_tune.tune import PRESETS, build_restorer
+
+    restorer = build_restorer(load_model("synthetic", model=args.model, device=device), PRESETS["speed"], device)
+    size = int(args.model.rsplit("-", 1)[-1])
+    faces = torch.rand(args.faces, 3, size, size, device=device) * 2 - 1
+    gen_stream = torch.cuda.Stream() if cuda else None
+
+    def generate():
+        with torch.cuda.stream(gen_stream), torch.inference_mode():
+            restorer(faces)
+        if cuda:
+            gen_stream.synchronize()
+
+    for _ in range(3):
+        generate()
+
+    # CPU load: what a prepare thread does besides waiting for the detector (decode a JPEG, shrink it)
+    jpegs = [cv2.imencode(".jpg", cv2.resize(img, None, fx=1.6, fy=1.6), [cv2.IMWRITE_JPEG_QUALITY, 95])[1]
+             for img in pool]
+    counter = iter(range(10**12))
+
+    def prepare_like():
+        buf = jpegs[next(counter) % len(jpegs)]
+        img = cv2.imdecode(buf, cv2.IMREAD_COLOR)
+        cv2.resize(img, (img.shape[1] // 2, img.shape[0] // 2), interpolation=cv2.INTER_AREA)
+        time.sleep(0.002)                      # the rest of the pipeline's thread: queue waits
+
+    def python_spin():                         # pure Python: holds the GIL until the switch interval expires
+        s = 0
+        for i in range(20000):
+            s += i
+
+    class _Det:
+        def detect(self, imgs):
+            with torch.cuda.stream(stream):
+                return det.detect(imgs)
+
+    d = _Det()
+    rows = []
+
+    def record(name, **extra):
+        r = {"condition": name, **time_detector(d, batches, args.calls), **extra}
+        print(json.dumps(r), flush=True)
+        rows.append(r)
+
+    record("alone")
+    with Load("generator", 1, generate) as g:
+        record("gpu: generator bs32 back to back", generator_iters=g.iters)
+    with Load("prepare", args.prepare_threads, prepare_like):
+        record(f"cpu: {args.prepare_threads} prepare-like threads (decode+shrink)")
+    with Load("spin", 4, python_spin):
+        record("gil: 4 pure-Python threads")
+    with Load("generator", 1, generate), Load("prepare", args.prepare_threads, prepare_like):
+        record("gpu + cpu")
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
+    with Load("spin", 4, python_spin):
+        record("gil: 4 pure-Python threads, switch interval 0.5 ms")
+    with Load("generator", 1, generate), Load("prepare", args.prepare_threads, prepare_like):
+        record("gpu + cpu, switch interval 0.5 ms")
+    sys.setswitchinterval(old)
+    record("alone (again)")
+    record_ = {
+        "benchmark": "detector_contention",
+        "command": "python3 benchmarks/detector_contention.py " + shlex.join(sys.argv[1:]),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "gpu": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
+        "batch": args.batch, "calls": args.calls, "prepare_threads": args.prepare_threads,
+        "rows": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{time.strftime('%Y%m%d-%H%M%S')}_detector_contention.json"
+    path.write_text(json.dumps(record_, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
