@@ -19,6 +19,7 @@
 #                                      # (run at 23:06 with high priority as the default, "pipeline" rows = high)
 #   benchmarks/h200_session.sh part16  # next: plain bs1 with channels-last modulated weights (after_cl_weights) (~1 min)
 #   benchmarks/h200_session.sh part17  # next: pipeline with the detector thread vs the detector process, one run (~2 min)
+#   benchmarks/h200_session.sh part18  # session 4: detector under GPU/CPU/GIL load; pipeline with a 0.5 ms GIL switch interval (~3 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -187,7 +188,14 @@ case "${1:-part1}" in
     timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --ab-detector-process --out "$DEST" 2>&1 | tail -14 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part17" >&2; exit 2 ;;
+  part18)
+    step "detector call time alone and under GPU / CPU / GIL load (one process)"
+    timeout 150 "$PY" benchmarks/detector_contention.py --out "$DEST" 2>&1 | tail -12 >> "$LOG"
+    step "throughput GPEN-BFR-512, preset speed, pipeline: GIL switch interval 5 ms / 0.5 ms / 5 ms"
+    timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --skip-serial --ab-switch-interval 0.0005 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part18" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

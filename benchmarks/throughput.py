@@ -338,6 +338,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ab-detector-process", action="store_true",
                     help="also run the pipeline with the detector in a process of its own (own GIL, own CUDA "
                          "context; pixels through shared memory): A/B in the same run")
+    ap.add_argument("--ab-switch-interval", type=float, default=None, metavar="SECONDS",
+                    help="also run the pipeline with sys.setswitchinterval(SECONDS) (Python's default is 0.005: a "
+                         "thread that wants the GIL waits up to that long for a thread running Python code), then "
+                         "the default again: A/B/A in the same run")
     ap.add_argument("--workdir", type=Path, default=None, help="where the folders go (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -429,6 +433,16 @@ def main(argv: list[str] | None = None) -> int:
                                                              pipeline("out_pipeline_p0"), meter, device)
         server.stream_priority, server._stream = kept, None
         print("pipeline again, default priority (A/B/A: order effects show up here) ...", flush=True)
+        runs["pipeline_repeat"], _ = measure("pipeline_repeat", pipeline("out_pipeline_a2"), meter, device)
+    if args.ab_switch_interval:
+        kept = sys.getswitchinterval()
+        sys.setswitchinterval(args.ab_switch_interval)
+        print(f"pipeline, GIL switch interval {args.ab_switch_interval * 1e3:g} ms ...", flush=True)
+        runs["pipeline_switch_interval"], _ = measure("pipeline_switch_interval", pipeline("out_pipeline_si"),
+                                                      meter, device)
+        runs["pipeline_switch_interval"]["switch_interval_s"] = args.ab_switch_interval
+        sys.setswitchinterval(kept)
+        print("pipeline again, default switch interval (A/B/A) ...", flush=True)
         runs["pipeline_repeat"], _ = measure("pipeline_repeat", pipeline("out_pipeline_a2"), meter, device)
     process_detector = None
     if args.ab_detector_process:
