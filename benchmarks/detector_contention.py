@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=21, help="images per detector call (the pipeline's mean: ~21)")
     ap.add_argument("--calls", type=int, default=12)
     ap.add_argument("--prepare-threads", type=int, default=48)
+    ap.add_argument("--prepare-sleep-ms", type=float, default=30.0)
     ap.add_argument("--model", default="GPEN-BFR-512")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script only")
     ap.add_argument("--faces", type=int, default=32, help="faces per generator call of the GPU load")
@@ -91,7 +92,6 @@ def main() -> None:
     det = MTCNNDetector(device=args.device)
     det.detect(batches[0])
     cuda = device.type == "cuda"
-    stream = torch.cuda.Stream() if cuda else None
 
     # GPU load: the folder run's generator (preset speed, batch 32) back to back on its own stream
     from gpen_tune.tune import PRESETS, build_restorer
@@ -119,42 +119,45 @@ def main() -> None:
         buf = jpegs[next(counter) % len(jpegs)]
         img = cv2.imdecode(buf, cv2.IMREAD_COLOR)
         cv2.resize(img, (img.shape[1] // 2, img.shape[0] // 2), interpolation=cv2.INTER_AREA)
-        time.sleep(0.002)                      # the rest of the pipeline's thread: queue waits
+        time.sleep(args.prepare_sleep_ms / 1e3)   # the rest of a prepare thread's time: waiting for its detections
 
-    def python_spin():                         # pure Python: holds the GIL until the switch interval expires
-        s = 0
-        for i in range(20000):
-            s += i
+    gen_s = []
+
+    def generate_with_duty():                     # the generator at ~the folder run's busy fraction (35-40 %)
+        t0 = time.perf_counter()
+        generate()
+        gen_s.append(time.perf_counter() - t0)
+        time.sleep(1.7 * gen_s[-1])
 
     class _Det:
+        def __init__(self, priority: int = 0):
+            self.stream = torch.cuda.Stream(priority=priority) if cuda else None
+
         def detect(self, imgs):
-            with torch.cuda.stream(stream):
+            with torch.cuda.stream(self.stream):
                 return det.detect(imgs)
 
-    d = _Det()
     rows = []
 
-    def record(name, **extra):
-        r = {"condition": name, **time_detector(d, batches, args.calls), **extra}
+    def record(name, d=None, **extra):
+        r = {"condition": name, **time_detector(d or _Det(), batches, args.calls), **extra}
         print(json.dumps(r), flush=True)
         rows.append(r)
 
     record("alone")
     with Load("generator", 1, generate) as g:
-        record("gpu: generator bs32 back to back", generator_iters=g.iters)
-    with Load("prepare", args.prepare_threads, prepare_like):
-        record(f"cpu: {args.prepare_threads} prepare-like threads (decode+shrink)")
-    with Load("spin", 4, python_spin):
-        record("gil: 4 pure-Python threads")
-    with Load("generator", 1, generate), Load("prepare", args.prepare_threads, prepare_like):
-        record("gpu + cpu")
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(0.0005)
-    with Load("spin", 4, python_spin):
-        record("gil: 4 pure-Python threads, switch interval 0.5 ms")
-    with Load("generator", 1, generate), Load("prepare", args.prepare_threads, prepare_like):
-        record("gpu + cpu, switch interval 0.5 ms")
-    sys.setswitchinterval(old)
+        record("gpu: generator back to back", generator_iters=g.iters)
+    with Load("generator", 1, generate) as g:
+        record("gpu: generator back to back, detector stream at high priority", _Det(priority=-1),
+               generator_iters=g.iters)
+    with Load("generator", 1, generate_with_duty) as g:
+        record("gpu: generator ~37 % busy", generator_iters=g.iters)
+    with Load("prepare", args.prepare_threads, prepare_like) as p:
+        record(f"cpu: {args.prepare_threads} prepare-like threads", prepare_iters=p.iters)
+    with Load("generator", 1, generate_with_duty), Load("prepare", args.prepare_threads, prepare_like):
+        record("gpu ~37 % + cpu")
+    with Load("generator", 1, generate_with_duty), Load("prepare", args.prepare_threads, prepare_like):
+        record("gpu ~37 % + cpu, detector stream at high priority", _Det(priority=-1))
     record("alone (again)")
     record_ = {
         "benchmark": "detector_contention",

@@ -8,6 +8,7 @@
 #   benchmarks/h200_session.sh part5   # session 2: bench GPEN-BFR-512 and -256 on the final model, detector speed (~9 min)
 #   benchmarks/h200_session.sh part6   # session 2: GPU tests, throughput with float64 detector + 24 prepare threads (~4 min)
 #   benchmarks/h200_session.sh part7   # session 2: detector/runner GPU tests, throughput with the float32 detector (~3 min)
+#   benchmarks/h200_session.sh part19  # session 4: plain bs1 before/after (styles GEMM, lrelu in the conv's last pass, cached sums read in capture); detector contention; GPU tests (~6 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
 #   benchmarks/h200_session.sh part9   # Triton FIR A/B at bs1, GPU tests, bench GPEN-BFR-512 (~10 min)
 #   benchmarks/h200_session.sh part10  # session 3: Triton FIR A/B, GPU tests, caller-shrink A/B, GIL profile, GPU JPEG probe (~8 min)
@@ -195,7 +196,17 @@ case "${1:-part1}" in
     timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-switch-interval 0.0005 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part18" >&2; exit 2 ;;
+  part19)
+    step "plain bs1: before (benchmarks/_before: the previous layers.py/gpen.py/fir.py) vs after, eager and graph"
+    if [ -d benchmarks/_before ]; then BEFORE="--before benchmarks/_before"; else BEFORE=""; fi
+    timeout 150 "$PY" benchmarks/plain_bs1.py --model GPEN-BFR-512 $BEFORE --out "$DEST" 2>&1 | grep -v "^  " | tail -20 >> "$LOG"
+    step "detector under GPU / CPU load, stream priority (one process)"
+    timeout 200 "$PY" benchmarks/detector_contention.py --out "$DEST" 2>&1 | tail -12 >> "$LOG"
+    step "GPU tests: FIR, model, switches"
+    timeout 200 "$PY" -m pytest -q -m gpu tests/test_fir_triton.py tests/test_tune_switches.py tests/test_fast.py \
+      -p no:cacheprovider --tb=short -rA 2>&1 | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|^E " | tail -30 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part19" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

@@ -169,6 +169,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=40)
     ap.add_argument("--before", type=Path, default=None, help="directory with an earlier layers.py/gpen.py/fir.py")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--experiments", nargs="*", default=[],
+                    choices=["after_triton_always", "after_cl_weights", "after_nhwc"],
+                    help="extra variants (measured 2026-12-01, plain_bs1_20261201T022420Z: channels-last weights "
+                         "5.24 and whole-model NHWC 9.49 ms graph fp32 vs 4.87 for 'after': both slower)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args()
     device = torch.device("cuda")
@@ -176,8 +180,7 @@ def main() -> None:
     before_cls = load_before(args.before) if args.before else None
     size = int(args.model.rsplit("-", 1)[-1])
     x = torch.rand(1, 3, size, size, device=device) * 2 - 1
-    variants = (["before"] if before_cls else []) + ["after_torch_fir", "after_triton_always", "after",
-                                                      "after_cl_weights", "after_nhwc"]
+    variants = (["before"] if before_cls else []) + ["after_torch_fir", "after"] + args.experiments
     fir_mode = {"after_torch_fir": "never", "after_triton_always": "always"}
     results, reference = [], {}
     for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):

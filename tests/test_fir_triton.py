@@ -39,6 +39,18 @@ for name, shape, pad, up, down, dtype in cases:
     want = upfirdn2d(x.double(), k.double(), up=up, down=down, pad=pad, bias=bias.double())
     fir_triton.MODE = "auto"
     res[name] = float((got.double() - want).abs().max() / want.abs().max()) if got.shape == want.shape else 1.0
+# leaky ReLU in the kernel's epilogue, written into the first half of a batch-1 concat buffer (StyledConv's use)
+x = torch.randn(1, 3, 12, 14, generator=g)
+bias = torch.randn(3, generator=g)
+buf = torch.full((1, 6, 12, 14), 7.0)
+k = make_kernel((1, 3, 3, 1))
+got = upfirdn2d(x, k, pad=(2, 1), bias=bias, out=buf[:, :3], negative_slope=0.2)
+fir_triton.MODE = "never"
+want = torch.nn.functional.leaky_relu(upfirdn2d(x, k, pad=(2, 1), bias=bias), 0.2)
+fir_triton.MODE = "auto"
+res["act_into_slice"] = float((buf[:, :3] - want).abs().max())
+res["act_returns_out"] = got.data_ptr() == buf.data_ptr()
+res["act_other_half_untouched"] = bool((buf[:, 3:] == 7.0).all())
 x = torch.randn(1, 2, 8, 8)
 k = make_kernel((1, 3, 3, 1))
 res["skips_non_contiguous"] = not fir_triton.applies(x.transpose(2, 3), k)
@@ -66,6 +78,7 @@ def test_triton_fir_matches_the_conv_path_in_interpreter():
         assert res[name + "_applies"] is True and res[name] <= 1e-6, (name, res)
     assert res["bf16_applies"] is True and res["bf16"] <= 1e-2, res
     assert res["skips_non_contiguous"] and res["skips_grad"], res
+    assert res["act_into_slice"] <= 1e-6 and res["act_returns_out"] and res["act_other_half_untouched"], res
     assert res["model_vs_reference"] <= 1e-4 and res["model_bs1_vs_reference"] <= 1e-4, res
 
 

@@ -168,6 +168,26 @@ def test_cached_demodulation_sums_follow_new_weights():
         assert (model(x) - gpen_forward_ref(sd, x)).abs().max().item() <= 1e-4
 
 
+def test_layer_styles_are_each_layers_affine_and_follow_new_weights():
+    """Generator.layer_styles (one GEMM over the stacked affine weights, cached) gives every layer's own A(w), also
+    after a modulation weight is changed in place, at batch 1 and 2."""
+    cfg = GPENConfig(64, channel_multiplier=1, narrow=0.25)
+    model = load_model("synthetic", cfg)
+    g = model.generator
+    x = _face_batch(64, 2, seed=5)
+    with torch.no_grad():
+        for w in (torch.randn(2, cfg.style_dim), torch.randn(1, cfg.style_dim)):
+            got = g.layer_styles(w)
+            want = [m(w) for m in g.modulations()]
+            assert len(got) == len(want) == 2 + 3 * (cfg.log_size - 2)
+            assert all(a.shape == b.shape and (a - b).abs().max() <= 1e-5 for a, b in zip(got, want, strict=True))
+        g.to_rgbs[0].conv.modulation.weight.mul_(-2.0)      # in place: the stacked cache must notice
+        g.convs[1].conv.modulation.bias.add_(0.5)
+        sd = {k: v.clone() for k, v in model.state_dict().items()}
+        for batch in (x, x[:1]):
+            assert (model(batch) - gpen_forward_ref(sd, batch)).abs().max().item() <= 1e-4
+
+
 def test_input_matters_and_faces_are_batch_independent():
     cfg = GPENConfig(64, channel_multiplier=1, narrow=0.25)
     model = load_model("synthetic", cfg)

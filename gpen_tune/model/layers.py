@@ -19,12 +19,14 @@ graph replay): fp32 7.17 -> 5.70 ms, bf16 5.99 -> 4.83 ms (benchmarks/results/pl
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpen_tune.ops.fir import make_kernel, upfirdn2d
+from gpen_tune.ops.fir import leaky_relu_into, make_kernel, upfirdn2d
 
 SQRT2 = math.sqrt(2.0)
 LRELU_SLOPE = 0.2
@@ -59,9 +61,12 @@ class Blur(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return upfirdn2d(x, self.kernel, pad=self.pad)
 
-    def unit(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def unit(self, x: torch.Tensor, bias: torch.Tensor | None = None, act_out: torch.Tensor | None = None
+             ) -> torch.Tensor:
+        """FIR / gain + bias; with `act_out`, leaky_relu of it is written there (same pass on the Triton path)."""
         k = self.kernel if self.gain == 1.0 else self.kernel / self.gain
-        return upfirdn2d(x, k, pad=self.pad, bias=bias)
+        slope = None if act_out is None else LRELU_SLOPE
+        return upfirdn2d(x, k, pad=self.pad, bias=bias, out=act_out, negative_slope=slope)
 
 
 class Upsample(nn.Module):
@@ -172,12 +177,19 @@ class ModulatedConv2d(nn.Module):
         self._wsq: tuple[tuple, torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
-                gain: float = 1.0) -> torch.Tensor:
-        """gain * demod(conv(style * x)) + bias; `bias` [cout] in x's dtype (the caller's, already scaled)."""
-        style = self.modulation(w)                                    # [B, cin], fp32 style path
+                gain: float = 1.0, style: torch.Tensor | None = None,
+                act_out: torch.Tensor | None = None) -> torch.Tensor:
+        """gain * demod(conv(style * x)) + bias; `bias` [cout] in x's dtype (the caller's, already scaled).
+
+        `style`: this layer's A(w) if the caller computed it already (Generator.layer_styles: one GEMM for all
+        layers). `act_out` (batch 1 only): a contiguous [1, cout, H, W] buffer that receives leaky_relu(result),
+        written by the conv's last pass instead of a copy plus an activation pass (StyledConv's concat half)."""
+        style = self.modulation(w) if style is None else style        # [B, cin], fp32 style path
         d = self.demod_coefficients(style) if self.demodulate else None  # [B, cout], fp32
         if x.shape[0] == 1:
-            return self._forward_single(x, style, d, bias, gain)
+            return self._forward_single(x, style, d, bias, gain, act_out)
+        if act_out is not None:
+            raise ValueError("act_out is for batch 1 only")
         x = x * style.to(x.dtype)[:, :, None, None]
         weight = self.weight[0].to(x.dtype) * self.weight_gain        # [cout, cin, k, k], shared by the batch
         y = self._conv(x, weight, None)
@@ -188,19 +200,21 @@ class ModulatedConv2d(nn.Module):
         return y * scale if bias is None else torch.addcmul(bias[None, :, None, None], y, scale)
 
     def _forward_single(self, x: torch.Tensor, style: torch.Tensor, d: torch.Tensor | None,
-                        bias: torch.Tensor | None, gain: float) -> torch.Tensor:
+                        bias: torch.Tensor | None, gain: float, act_out: torch.Tensor | None = None) -> torch.Tensor:
         """Batch 1: style, demodulation and gain scale the weight (cout*cin*k*k values), not the activations."""
         s = style[0] * (self.weight_gain * gain)                      # [cin] fp32
         coef = s[None, :] if d is None else d[0, :, None] * s[None, :]  # [cout or 1, cin]
         w = self.weight[0]
         weight = (w * coef.to(w.dtype)[:, :, None, None]).to(x.dtype)
-        return self._conv(x, weight, bias)
+        return self._conv(x, weight, bias, act_out)
 
-    def _conv(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _conv(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+              act_out: torch.Tensor | None = None) -> torch.Tensor:
         if self.upsample:
             x = F.conv_transpose2d(x, weight.transpose(0, 1), stride=2)  # H -> 2H+1
-            return self.blur.unit(x, bias)                                 # 2H+1 -> 2H (gain is in the weight)
-        return F.conv2d(x, weight, bias, padding=self.padding)
+            return self.blur.unit(x, bias, act_out)                       # 2H+1 -> 2H (gain is in the weight)
+        y = F.conv2d(x, weight, bias, padding=self.padding)
+        return y if act_out is None else leaky_relu_into(y, act_out, LRELU_SLOPE)
 
     def demod_coefficients(self, style: torch.Tensor) -> torch.Tensor:
         """d[b, o] in fp32: the sum of squares over cin*k*k terms overflows fp16, so it never runs in half."""
@@ -209,21 +223,36 @@ class ModulatedConv2d(nn.Module):
 
     def weight_square_sums(self) -> torch.Tensor:
         """sum_k W[o,i,k]^2 in fp32. Style-independent, so it is cached while the weight stays the same tensor with
-        the same version (not while training it, not inside torch.compile or a CUDA-graph capture; a graph
-        captured after a warm-up call reads the cached sums, so change weights before capturing, as usual)."""
+        the same version (see `cached_per_weights`)."""
         w = self.weight
-        if (torch.is_grad_enabled() and w.requires_grad) or torch.compiler.is_compiling() or w.is_inference() or (
-                w.is_cuda and torch.cuda.is_current_stream_capturing()):   # inference tensors have no version
-            return w[0].float().square().sum(dim=(2, 3))
-        key = (w.data_ptr(), w._version, w.dtype, w.device)
-        if self._wsq is None or self._wsq[0] != key:
-            with torch.inference_mode(False), torch.no_grad():
-                self._wsq = (key, w[0].float().square().sum(dim=(2, 3)))
-        return self._wsq[1]
+        self._wsq, value = cached_per_weights(self._wsq, (w,), lambda: w[0].float().square().sum(dim=(2, 3)))
+        return value
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.in_channel}, {self.out_channel}, {self.kernel_size}, "
                 f"upsample={self.upsample}, demodulate={self.demodulate})")
+
+
+def cached_per_weights(cache: tuple | None, tensors: tuple[torch.Tensor, ...], compute: Callable[[], Any]
+                       ) -> tuple[tuple | None, Any]:
+    """(new cache, value) for a value derived from weights only (demodulation sums, the stacked style weights).
+
+    The cache is valid while every tensor is the same tensor with the same version. It is read even inside a
+    CUDA-graph capture (a graph captured after a warm-up call reads the cached tensor instead of recomputing it on
+    every replay; change weights before capturing, as usual) but never written there (the new tensor would live in
+    the graph's private pool). Not used while training the weights, while torch.compile traces, or for inference
+    tensors (they have no version)."""
+    if torch.compiler.is_compiling() or any((torch.is_grad_enabled() and t.requires_grad) or t.is_inference()
+                                            for t in tensors):
+        return cache, compute()
+    key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
+    if cache is not None and cache[0] == key:
+        return cache, cache[1]
+    if tensors[0].is_cuda and torch.cuda.is_current_stream_capturing():
+        return cache, compute()
+    with torch.inference_mode(False), torch.no_grad():
+        value = compute()
+    return (key, value), value
 
 
 class NoiseInjection(nn.Module):
@@ -260,20 +289,25 @@ class StyledConv(nn.Module):
         # (one C-channel temporary less at the peak, one more pass over it)
         self.low_memory = False
 
-    def forward(self, x: torch.Tensor, w: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, w: torch.Tensor, noise: torch.Tensor,
+                style: torch.Tensor | None = None) -> torch.Tensor:
         """lrelu(cat(conv, noise_w * feature) + b) * sqrt2, with the gain folded in before the (in-place) ReLU."""
         c = self.conv.out_channel
         bias = (self.activate.bias * SQRT2).to(x.dtype)              # [2 cout]
-        y = self.conv(x, w, bias=bias[:c], gain=SQRT2)
+        if x.shape[0] == 1 and not self.low_memory:
+            # batch 1: each half of the output is a contiguous block: the conv's last pass writes lrelu(conv) into
+            # the first, the scaled feature is written into the second and activated there
+            out = torch.empty((1, 2 * c, *noise.shape[2:]), dtype=x.dtype, device=x.device)
+            self.conv(x, w, bias=bias[:c], gain=SQRT2, style=style, act_out=out[:, :c])
+            half = out[:, c:]
+            torch.addcmul(bias[None, c:, None, None], noise.to(x.dtype), self.noise.weight.to(x.dtype) * SQRT2,
+                          out=half)
+            F.leaky_relu(half, LRELU_SLOPE, inplace=True)
+            return out
+        y = self.conv(x, w, bias=bias[:c], gain=SQRT2, style=style)
         dtype = y.dtype
         noise_gain = self.noise.weight.to(dtype) * SQRT2
-        if y.shape[0] == 1 and not self.low_memory:
-            # batch 1: each half of the output is a contiguous block, so the feature half is written in place
-            out = torch.empty((1, 2 * c, *y.shape[2:]), dtype=dtype, device=y.device)
-            out[:, :c].copy_(y)
-            del y
-            torch.addcmul(bias[None, c:, None, None], noise.to(dtype), noise_gain, out=out[:, c:])
-        elif self.low_memory:
+        if self.low_memory:
             out = torch.cat([y, noise.to(dtype)], dim=1)
             del y
             out[:, c:].mul_(noise_gain).add_(bias[None, c:, None, None])
@@ -294,8 +328,9 @@ class ToRGB(nn.Module):
             self.upsample = Upsample(blur_kernel)
         self.conv = ModulatedConv2d(in_channel, 3, 1, style_dim, demodulate=False)
 
-    def forward(self, x: torch.Tensor, w: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
-        out = self.conv(x, w).float() + self.bias.float()
+    def forward(self, x: torch.Tensor, w: torch.Tensor, skip: torch.Tensor | None = None,
+                style: torch.Tensor | None = None) -> torch.Tensor:
+        out = self.conv(x, w, style=style).float() + self.bias.float()
         if skip is not None:
             out = out + self.upsample(skip)
         return out

@@ -24,7 +24,7 @@ def make_kernel(k: tuple[int, ...] | list[int]) -> torch.Tensor:
 
 def upfirdn2d(
     x: torch.Tensor, kernel: torch.Tensor, up: int = 1, down: int = 1, pad: tuple[int, int] = (0, 0),
-    bias: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None, out: torch.Tensor | None = None, negative_slope: float | None = None,
 ) -> torch.Tensor:
     """Upsample by zero insertion, pad, convolve with `kernel` (depthwise, true convolution), downsample.
 
@@ -34,6 +34,9 @@ def upfirdn2d(
         up, down: integer factors, identical on both axes.
         pad: (before, after) zero padding, identical on both axes.
         bias: optional [C] per-channel bias added by the same conv (before `down`).
+        out, negative_slope: with both (up = down = 1 only), leaky_relu(result, negative_slope) is written into
+            `out` (contiguous, the result's shape) and `out` is returned: the Triton kernel does it in the same
+            pass, the conv path in one more.
     Returns:
         [N, C, (H*up + p0 + p1 - kh)//down + 1, ...].
     """
@@ -43,9 +46,11 @@ def upfirdn2d(
         x = F.pad(x, [0, up - 1, 0, 0, 0, up - 1])
         x = x.reshape(n, c, h * up, w * up)
     p0, p1 = pad
+    if (out is None) != (negative_slope is None) or (out is not None and (up, down) != (1, 1)):
+        raise ValueError("out and negative_slope go together, and only with up = down = 1")
     if p0 >= 0 and p1 >= 0 and fir_triton.applies(x, kernel):   # CUDA: one Triton pass (see fir_triton.py)
         try:
-            y = fir_triton.fir4(x, kernel, (p0, p1), bias)
+            y = fir_triton.fir4(x, kernel, (p0, p1), bias, out=out, negative_slope=negative_slope)
             return y[:, :, ::down, ::down] if down > 1 else y
         except torch.cuda.OutOfMemoryError:
             raise
@@ -58,7 +63,16 @@ def upfirdn2d(
     x = F.conv2d(x, weight, bias, groups=c, padding=p0 if same else 0)   # bias: [C], added before `down`
     if down > 1:
         x = x[:, :, ::down, ::down]
+    if out is not None:
+        return leaky_relu_into(x, out, negative_slope)
     return x
+
+
+def leaky_relu_into(x: torch.Tensor, out: torch.Tensor, negative_slope: float) -> torch.Tensor:
+    """out = leaky_relu(x) in one pass (read x, write out) instead of a copy and an in-place activation."""
+    if torch.compiler.is_compiling():           # Inductor fuses the copy into the activation itself
+        return out.copy_(F.leaky_relu(x, negative_slope))
+    return torch._C._nn.leaky_relu(x, negative_slope, out=out)
 
 
 def fused_leaky_relu(x: torch.Tensor, bias: torch.Tensor, negative_slope: float = 0.2) -> torch.Tensor:

@@ -85,21 +85,26 @@ def disable(reason: str) -> None:
         warnings.warn(f"Triton FIR disabled, using PyTorch's conv instead: {reason}", RuntimeWarning, stacklevel=3)
 
 
-def fir4(x: torch.Tensor, kernel: torch.Tensor, pad: tuple[int, int], bias: torch.Tensor | None = None
-         ) -> torch.Tensor:
+def fir4(x: torch.Tensor, kernel: torch.Tensor, pad: tuple[int, int], bias: torch.Tensor | None = None,
+         out: torch.Tensor | None = None, negative_slope: float | None = None) -> torch.Tensor:
     """True 2-D convolution of every channel of x [N, C, H, W] with `kernel` [4, 4] after zero padding `pad`
-    (before, after) on both axes, plus bias[c]: upfirdn2d(x, kernel, pad=pad) (+ bias)."""
+    (before, after) on both axes, plus bias[c]: upfirdn2d(x, kernel, pad=pad) (+ bias); with `negative_slope`,
+    leaky ReLU in the same pass. `out`: a contiguous tensor of the output's shape and dtype to write into."""
     n, c, h, w = x.shape
     p0, p1 = pad
     ho, wo = h + p0 + p1 - 3, w + p0 + p1 - 3
-    out = torch.empty((n, c, ho, wo), dtype=x.dtype, device=x.device)
+    if out is None:
+        out = torch.empty((n, c, ho, wo), dtype=x.dtype, device=x.device)
+    elif out.shape != (n, c, ho, wo) or out.dtype != x.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {x.dtype} tensor of shape {(n, c, ho, wo)}")
     if out.numel() == 0:
         return out
     taps = kernel.to(device=x.device).contiguous()    # the module's buffer itself: no copy kernel per call
     b = bias.contiguous() if bias is not None else taps  # dummy pointer when HAS_BIAS is False
     n_tx = triton.cdiv(wo, _TILE_X)
     grid = (triton.cdiv(ho, _TILE_Y) * n_tx, n * c)
-    _fir4_kernel[grid](x, out, taps, b, c, h, w, ho, wo, n_tx, P0=p0, HAS_BIAS=bias is not None,
+    _fir4_kernel[grid](x, out, taps, b, c, h, w, ho, wo, n_tx, 0.0 if negative_slope is None else negative_slope,
+                       P0=p0, HAS_BIAS=bias is not None, ACT=negative_slope is not None,
                        TILE_Y=_TILE_Y, TILE_X=_TILE_X)
     return out
 
@@ -107,8 +112,9 @@ def fir4(x: torch.Tensor, kernel: torch.Tensor, pad: tuple[int, int], bias: torc
 if triton is not None:
 
     @triton.jit
-    def _fir4_kernel(x_ptr, out_ptr, taps_ptr, bias_ptr, C, H, W, HO, WO, n_tx,
-                     P0: tl.constexpr, HAS_BIAS: tl.constexpr, TILE_Y: tl.constexpr, TILE_X: tl.constexpr):
+    def _fir4_kernel(x_ptr, out_ptr, taps_ptr, bias_ptr, C, H, W, HO, WO, n_tx, slope,
+                     P0: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+                     TILE_Y: tl.constexpr, TILE_X: tl.constexpr):
         pid_t = tl.program_id(0)
         plane = tl.program_id(1).to(tl.int64)                 # n * C + c
         oy = (pid_t // n_tx) * TILE_Y + tl.arange(0, TILE_Y)[:, None]
@@ -126,5 +132,7 @@ if triton is not None:
                 acc += tl.load(taps_ptr + (3 - u) * 4 + (3 - v)).to(tl.float32) * val   # flipped: true conv
         if HAS_BIAS:
             acc += tl.load(bias_ptr + plane % C).to(tl.float32)
+        if ACT:
+            acc = tl.where(acc >= 0, acc, acc * slope)
         dst = out_ptr + plane * HO * WO
         tl.store(dst + oy * WO + ox, acc.to(out_ptr.dtype.element_ty), mask=om)

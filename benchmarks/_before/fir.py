@@ -1,0 +1,67 @@
+"""FIR resampling (upfirdn2d) and fused bias + leaky ReLU in plain PyTorch.
+
+No compiled extension: these are the formulas of StyleGAN2's ops written as ordinary tensor code, so the model
+runs on any device, casts to any dtype and traces under torch.compile / CUDA Graphs without graph breaks. On CUDA
+the 4x4 FIR may instead run as one Triton kernel (fir_triton.py: inside graph captures and for big tensors).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from gpen_tune.ops import fir_triton
+
+
+def make_kernel(k: tuple[int, ...] | list[int]) -> torch.Tensor:
+    """Outer product of a 1-D FIR with itself, normalised to sum 1 (StyleGAN2's `make_kernel`)."""
+    k1 = torch.tensor(k, dtype=torch.float32)
+    k2 = k1[None, :] * k1[:, None]
+    return k2 / k2.sum()
+
+
+def upfirdn2d(
+    x: torch.Tensor, kernel: torch.Tensor, up: int = 1, down: int = 1, pad: tuple[int, int] = (0, 0),
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Upsample by zero insertion, pad, convolve with `kernel` (depthwise, true convolution), downsample.
+
+    Args:
+        x: [N, C, H, W].
+        kernel: [kh, kw] FIR, applied to every channel.
+        up, down: integer factors, identical on both axes.
+        pad: (before, after) zero padding, identical on both axes.
+        bias: optional [C] per-channel bias added by the same conv (before `down`).
+    Returns:
+        [N, C, (H*up + p0 + p1 - kh)//down + 1, ...].
+    """
+    n, c, h, w = x.shape
+    if up > 1:
+        x = x.reshape(n, c, h, 1, w, 1)
+        x = F.pad(x, [0, up - 1, 0, 0, 0, up - 1])
+        x = x.reshape(n, c, h * up, w * up)
+    p0, p1 = pad
+    if p0 >= 0 and p1 >= 0 and fir_triton.applies(x, kernel):   # CUDA: one Triton pass (see fir_triton.py)
+        try:
+            y = fir_triton.fir4(x, kernel, (p0, p1), bias)
+            return y[:, :, ::down, ::down] if down > 1 else y
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a Triton compile/launch failure must not break the model
+            fir_triton.disable(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}")
+    same = p0 == p1 and p0 >= 0                 # symmetric: let the conv pad (no padded copy of x)
+    if not same and (p0 or p1):
+        x = F.pad(x, [p0, p1, p0, p1])
+    weight = kernel.flip(0, 1).to(dtype=x.dtype).expand(c, 1, *kernel.shape)
+    x = F.conv2d(x, weight, bias, groups=c, padding=p0 if same else 0)   # bias: [C], added before `down`
+    if down > 1:
+        x = x[:, :, ::down, ::down]
+    return x
+
+
+def fused_leaky_relu(x: torch.Tensor, bias: torch.Tensor, negative_slope: float = 0.2) -> torch.Tensor:
+    """sqrt(2) * leaky_relu(x + bias): the bias broadcast over dim 1, gain keeps the activation variance."""
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    return F.leaky_relu(x + bias.to(x.dtype).view(shape), negative_slope) * math.sqrt(2.0)
