@@ -14,6 +14,8 @@ wall growing with CPU ms constant = waiting (GPU or GIL); CPU ms growing = CPU c
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import shlex
 import statistics
@@ -33,6 +35,14 @@ from detector_speed import photo_pool  # noqa: E402
 
 from gpen_tune.face.detect import MTCNNDetector  # noqa: E402
 from gpen_tune.model.load import load_model  # noqa: E402
+
+
+def load_before(path: Path):
+    """An earlier mtcnn_batched.py as a module of its own (A/B of the driver in one process)."""
+    spec = importlib.util.spec_from_file_location("mtcnn_batched_before", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class Load:
@@ -79,6 +89,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=21, help="images per detector call (the pipeline's mean: ~21)")
     ap.add_argument("--calls", type=int, default=12)
     ap.add_argument("--prepare-threads", type=int, default=48)
+    ap.add_argument("--before", type=Path, default=None, help="an earlier mtcnn_batched.py: A/B in the same run")
+    ap.add_argument("--full", action="store_true", help="also the GPU-only conditions and the stream priority")
     ap.add_argument("--prepare-sleep-ms", type=float, default=30.0)
     ap.add_argument("--model", default="GPEN-BFR-512")
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run of the script only")
@@ -144,20 +156,42 @@ def main() -> None:
         print(json.dumps(r), flush=True)
         rows.append(r)
 
-    record("alone")
-    with Load("generator", 1, generate) as g:
-        record("gpu: generator back to back", generator_iters=g.iters)
-    with Load("generator", 1, generate) as g:
-        record("gpu: generator back to back, detector stream at high priority", _Det(priority=-1),
-               generator_iters=g.iters)
-    with Load("generator", 1, generate_with_duty) as g:
-        record("gpu: generator ~37 % busy", generator_iters=g.iters)
-    with Load("prepare", args.prepare_threads, prepare_like) as p:
-        record(f"cpu: {args.prepare_threads} prepare-like threads", prepare_iters=p.iters)
-    with Load("generator", 1, generate_with_duty), Load("prepare", args.prepare_threads, prepare_like):
-        record("gpu ~37 % + cpu")
-    with Load("generator", 1, generate_with_duty), Load("prepare", args.prepare_threads, prepare_like):
-        record("gpu ~37 % + cpu, detector stream at high priority", _Det(priority=-1))
+    before = load_before(args.before) if args.before else None
+    import gpen_tune.face.mtcnn_batched as current
+
+    @contextlib.contextmanager
+    def driver(label: str):
+        """The detector's batched MTCNN driver: this checkout's, or the --before file's (same networks)."""
+        kept = current.detect_mtcnn_batched
+        if label == "before":
+            current.detect_mtcnn_batched = before.detect_mtcnn_batched
+        try:
+            yield
+        finally:
+            current.detect_mtcnn_batched = kept
+
+    labels = ["after", "before"] if before else ["after"]
+    for label in labels:
+        with driver(label):
+            record("alone", driver=label)
+    if args.full:
+        with Load("generator", 1, generate) as g:
+            record("gpu: generator back to back", generator_iters=g.iters)
+        with Load("generator", 1, generate) as g:
+            record("gpu: generator back to back, detector stream at high priority", _Det(priority=-1),
+                   generator_iters=g.iters)
+        with Load("generator", 1, generate_with_duty) as g:
+            record("gpu: generator ~37 % busy", generator_iters=g.iters)
+    for label in labels:
+        with driver(label), Load("prepare", args.prepare_threads, prepare_like) as p:
+            record(f"cpu: {args.prepare_threads} prepare-like threads", driver=label, prepare_iters=p.iters)
+    for label in labels:
+        with driver(label), Load("generator", 1, generate_with_duty), Load("prepare", args.prepare_threads,
+                                                                           prepare_like):
+            record("gpu ~37 % + cpu", driver=label)
+    if args.full:
+        with Load("generator", 1, generate_with_duty), Load("prepare", args.prepare_threads, prepare_like):
+            record("gpu ~37 % + cpu, detector stream at high priority", _Det(priority=-1))
     record("alone (again)")
     record_ = {
         "benchmark": "detector_contention",

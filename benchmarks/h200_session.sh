@@ -9,6 +9,8 @@
 #   benchmarks/h200_session.sh part6   # session 2: GPU tests, throughput with float64 detector + 24 prepare threads (~4 min)
 #   benchmarks/h200_session.sh part7   # session 2: detector/runner GPU tests, throughput with the float32 detector (~3 min)
 #   benchmarks/h200_session.sh part19  # session 4 (benchmarks/_before held layers.py/gpen.py/fir.py of 4178025): plain bs1 before/after (styles GEMM, lrelu in the conv's last pass, cached sums read in capture); detector contention; GPU tests (~6 min)
+#   benchmarks/h200_session.sh part20  # session 4 (benchmarks/_before/mtcnn_batched.py of c2a3b0e): detector driver A/B alone and under load; throughput A/B/A; GPU tests (~8 min)
+#   benchmarks/h200_session.sh part21  # session 4: bench GPEN-BFR-512 and -256 (~8 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
 #   benchmarks/h200_session.sh part9   # Triton FIR A/B at bs1, GPU tests, bench GPEN-BFR-512 (~10 min)
 #   benchmarks/h200_session.sh part10  # session 3: Triton FIR A/B, GPU tests, caller-shrink A/B, GIL profile, GPU JPEG probe (~8 min)
@@ -206,7 +208,25 @@ case "${1:-part1}" in
     timeout 200 "$PY" -m pytest -q -m gpu tests/test_fir_triton.py tests/test_tune_switches.py tests/test_fast.py \
       -p no:cacheprovider --tb=short -rA 2>&1 | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|^E " | tail -30 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part19" >&2; exit 2 ;;
+  part20)
+    step "detector driver before (benchmarks/_before/mtcnn_batched.py) / after, alone and under CPU / GPU load"
+    timeout 150 "$PY" benchmarks/detector_contention.py --before benchmarks/_before/mtcnn_batched.py \
+      --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    step "throughput GPEN-BFR-512, preset speed: serial, pipeline, pipeline with the previous driver, pipeline"
+    timeout 220 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --ab-mtcnn-before benchmarks/_before/mtcnn_batched.py --out "$DEST" 2>&1 | tail -14 >> "$LOG"
+    step "GPU tests"
+    timeout 200 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider --tb=short -rA 2>&1 | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|^E " | tail -40 >> "$LOG"
+    ;;
+  part21)
+    step "bench GPEN-BFR-512 (all rows)"
+    timeout 400 "$PY" -m gpen_tune.bench --model GPEN-BFR-512 --device cuda --batch-sizes 1,4,16 --repeats 6 \
+      --warmup 2 --max-minutes 5.6 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
+    step "bench GPEN-BFR-256"
+    timeout 110 "$PY" -m gpen_tune.bench --model GPEN-BFR-256 --device cuda --batch-sizes 1,4,16 --repeats 6 \
+      --warmup 2 --max-minutes 1.3 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part21" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

@@ -342,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run the pipeline with sys.setswitchinterval(SECONDS) (Python's default is 0.005: a "
                          "thread that wants the GIL waits up to that long for a thread running Python code), then "
                          "the default again: A/B/A in the same run")
+    ap.add_argument("--ab-mtcnn-before", type=Path, default=None, metavar="FILE",
+                    help="also run the pipeline with an earlier mtcnn_batched.py as the detector's driver, then "
+                         "this checkout's again: A/B/A in the same run")
     ap.add_argument("--workdir", type=Path, default=None, help="where the folders go (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -443,6 +446,21 @@ def main(argv: list[str] | None = None) -> int:
         runs["pipeline_switch_interval"]["switch_interval_s"] = args.ab_switch_interval
         sys.setswitchinterval(kept)
         print("pipeline again, default switch interval (A/B/A) ...", flush=True)
+        runs["pipeline_repeat"], _ = measure("pipeline_repeat", pipeline("out_pipeline_a2"), meter, device)
+    if args.ab_mtcnn_before:
+        import importlib.util
+
+        import gpen_tune.face.mtcnn_batched as current
+
+        spec = importlib.util.spec_from_file_location("mtcnn_batched_before", args.ab_mtcnn_before)
+        before = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(before)
+        kept, current.detect_mtcnn_batched = current.detect_mtcnn_batched, before.detect_mtcnn_batched
+        print(f"pipeline, detector driver from {args.ab_mtcnn_before} ...", flush=True)
+        runs["pipeline_mtcnn_before"], _ = measure("pipeline_mtcnn_before", pipeline("out_pipeline_mb"), meter,
+                                                   device)
+        current.detect_mtcnn_batched = kept
+        print("pipeline again, this checkout's driver (A/B/A) ...", flush=True)
         runs["pipeline_repeat"], _ = measure("pipeline_repeat", pipeline("out_pipeline_a2"), meter, device)
     process_detector = None
     if args.ab_detector_process:
