@@ -262,9 +262,7 @@ def per_scale_candidates(self, idx, level_hw, scale):
     zeros = torch.zeros_like(lh)
     level = self._area_resize(img_ids, zeros, zeros, hw[:, 0], hw[:, 1], lh, lw,
                               int(level_hw[:, 0].max()), int(level_hw[:, 1].max()))
-    inside_rows = torch.arange(level.shape[2] - 2)[None] < (lh - 2)[:, None]   # conv1 outputs in the image
-    inside_cols = torch.arange(level.shape[3] - 2)[None] < (lw - 2)[:, None]
-    reg, prob = mb.pnet_forward(self.pnet, level, inside_rows, inside_cols)
+    reg, prob = mb.pnet_forward(self.pnet, level, lh, lw)
     score = prob[:, 1]
     rows_ok = torch.arange(score.shape[1])[None] < ((lh - 1) // 2 - 4)[:, None]
     cols_ok = torch.arange(score.shape[2])[None] < ((lw - 1) // 2 - 4)[:, None]

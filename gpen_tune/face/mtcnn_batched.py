@@ -144,12 +144,12 @@ class _Driver:
         then one NMS per (image, scale) for all planes at once and one across scales per image: three syncs for any
         number of scales (a few more only for batches of over NMS_MAX_BOXES candidates)."""
         budget = PNET_MAX_PIXELS * 4 // self.dtype.itemsize          # the same bytes in float64
-        chunks, planes_host = _pyramid_plan(self.sizes, scales, n_scales, budget)
+        chunks, planes = _pyramid_plan(self.sizes, scales, n_scales, budget)
         if not chunks:
             return torch.zeros((0, 5), device=self.device), torch.zeros(0, dtype=torch.long, device=self.device)
-        planes = _to_device(planes_host, self.device)                 # [P, 3] image id, level h, level w
+        planes = _to_device(planes, self.device)                      # [P, 3] image id, level h, level w
         table = _to_device(_chunk_table(chunks), self.device)         # [C, 5] see _chunk_table
-        mask, feats, edges = self._pnet_maps(chunks, planes_host)
+        mask, feats, edges = self._pnet_maps(chunks, planes)
         boxes, plane = _pnet_candidates(mask, feats, edges, table)
         img = planes[plane, 0]
         keep = grouped_nms(boxes[:, :4], boxes[:, 4], img, 0.7)   # across scales, within each image
@@ -159,7 +159,7 @@ class _Driver:
         regressed = boxes[:, :4] + boxes[:, 5:9] * torch.cat([w, h, w, h], 1)
         return square(torch.cat([regressed, boxes[:, 4:5]], 1)), img
 
-    def _pnet_maps(self, chunks: list[_Chunk], planes: np.ndarray):
+    def _pnet_maps(self, chunks: list[_Chunk], planes: torch.Tensor):
         """All P-Net calls, queued back to back (no host sync): for every cell of every plane (chunk, image, row,
         column order) the threshold test [cells] and (score, 4 offsets) [cells, 5]; the chunks' window edges
         (_window_edges, one table after the other). Kept: ~21 bytes per cell, far below one call's activations."""
@@ -178,21 +178,19 @@ class _Driver:
             a = z
         return mask, feats, torch.cat(edges)
 
-    def _pnet_map(self, chunk: _Chunk, planes: np.ndarray):
-        """One P-Net call: (cells scoring >= threshold that the image's own output has, score, offsets).
-
-        Every index and mask of the call depends on image and level sizes only, so it is computed on the host
-        (integer arithmetic, the same values as on the device) and uploaded at once: far fewer torch calls per
-        call, each of which gives up and re-takes the GIL (the folder run's ~50 other threads make that slow)."""
-        ints, masks = _level_plan(chunk, planes, self.sizes, self.table.shape[1], self.table.shape[2])
-        r0, r1, dr, c0, c1, dc = _upload_parts(ints, self.device)
-        r_ok, c_ok, inside_r, inside_c, cell_r, cell_c = _upload_parts(masks, self.device, np.bool_)
-        level = self._area_gather(r0, r1, dr, r_ok, c0, c1, dc, c_ok)
-        reg, prob = pnet_forward(self.pnet, level, inside_r, inside_c)
+    def _pnet_map(self, chunk: _Chunk, planes: torch.Tensor):
+        """One P-Net call: (cells scoring >= threshold that the image's own output has, score, offsets)."""
+        img_ids, lh, lw = planes.unbind(1)
+        hw = self.hw[img_ids]
+        zeros = torch.zeros_like(lh)
+        level = self._area_resize(img_ids, zeros, zeros, hw[:, 0], hw[:, 1], lh, lw, chunk.canvas_h, chunk.canvas_w)
+        reg, prob = pnet_forward(self.pnet, level, lh, lw)
         score = prob[:, 1]                                      # [b, oh, ow]
         if score.shape[1:] != (chunk.out_h, chunk.out_w):
             raise RuntimeError(f"P-Net output {tuple(score.shape[1:])}, expected {(chunk.out_h, chunk.out_w)}")
-        return (score >= self.thresholds[0]) & cell_r[:, :, None] & cell_c[:, None, :], score, reg
+        rows_ok = torch.arange(score.shape[1], device=self.device)[None] < _pnet_cells(lh)[:, None]
+        cols_ok = torch.arange(score.shape[2], device=self.device)[None] < _pnet_cells(lw)[:, None]
+        return (score >= self.thresholds[0]) & rows_ok[:, :, None] & cols_ok[:, None, :], score, reg
 
     # -- R-Net and O-Net -------------------------------------------------------------------------------------------
 
@@ -239,22 +237,17 @@ class _Driver:
         area-resized to (out_h[n], out_w[n]) as F.interpolate(mode="area") does; zeros beyond (out_h, out_w)."""
         r0, r1, r_ok = _area_bounds(top, in_h, out_h, canvas_h)     # [N, canvas_h]
         c0, c1, c_ok = _area_bounds(left, in_w, out_w, canvas_w)    # [N, canvas_w]
-        rows, cols = self.table.shape[1], self.table.shape[2]
-        base = (img * rows)[:, None]
-        return self._area_gather((base + r0) * cols, (base + r1) * cols, r1 - r0, r_ok, c0, c1, c1 - c0, c_ok)
-
-    def _area_gather(self, r0, r1, dr, r_ok, c0, c1, dc, c_ok) -> torch.Tensor:
-        """Normalised area means [N, 3, H, W] from the summed-area table: rows [N, H] as flat offsets of the row
-        bounds (r0, r1: (image * table rows + row) * table cols) and their extent dr; columns [N, W] (c0, c1, dc);
-        r_ok / c_ok False where the output has no pixel (written as 0, like zero padding)."""
-        flat = self.table.view(-1, 3)
+        t = self.table
+        rows, cols = t.shape[1], t.shape[2]
+        base = (img * rows)[:, None, None]
+        flat = t.view(-1, 3)
 
         def at(r, c):
-            return flat[r[:, :, None] + c[:, None, :]]          # [N, H, W, 3]
+            return flat[((base + r[:, :, None]) * cols + c[:, None, :]).reshape(-1)]
 
         total = at(r1, c1) - at(r0, c1) - at(r1, c0) + at(r0, c0)
-        count = (dr[:, :, None] * dc[:, None, :]).clamp(min=1)
-        mean = total.to(self.dtype) / count[..., None].to(self.dtype)
+        count = ((r1 - r0)[:, :, None] * (c1 - c0)[:, None, :]).clamp(min=1)
+        mean = total.view(*count.shape, 3).to(self.dtype) / count[..., None].to(self.dtype)
         out = (mean - _NORM_MEAN) * _NORM_SCALE
         out = out * (r_ok[:, :, None] & c_ok[:, None, :])[..., None]   # outside the image: 0 (like zero padding)
         return out.permute(0, 3, 1, 2).contiguous()
@@ -374,43 +367,6 @@ def _spans(bounds: list[int], limit: int) -> list[tuple[int, int]]:
     return spans + [(a, bounds[-1])]
 
 
-def _level_plan(chunk: _Chunk, planes: np.ndarray, sizes: np.ndarray, rows: int, cols: int
-                ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Host-side indices of one P-Net call (planes: its [n, 3] image id, level h, level w; table rows x cols):
-    integers (row bound offsets r0, r1 and extent dr [n, canvas_h]; column bounds c0, c1, extent dc [n, canvas_w])
-    and masks (output rows / columns inside the level; conv1 outputs inside the image, rows [n, canvas_h - 2] and
-    columns; P-Net cells the image alone has, [n, out_h] and [n, out_w]), as `_Driver._area_resize` and the device
-    code before them computed them."""
-    img, lh, lw = planes.T
-    h, w = sizes[img, 0], sizes[img, 1]
-    r0, r1, r_ok = _area_bounds_host(h, lh, chunk.canvas_h)
-    c0, c1, c_ok = _area_bounds_host(w, lw, chunk.canvas_w)
-    base = (img * rows)[:, None]
-    ints = [(base + r0) * cols, (base + r1) * cols, r1 - r0, c0, c1, c1 - c0]
-    inside_r = np.arange(chunk.canvas_h - 2)[None] < (lh - 2)[:, None]
-    inside_c = np.arange(chunk.canvas_w - 2)[None] < (lw - 2)[:, None]
-    cell_r = np.arange(chunk.out_h)[None] < _pnet_cells(lh)[:, None]
-    cell_c = np.arange(chunk.out_w)[None] < _pnet_cells(lw)[:, None]
-    return ints, [r_ok, c_ok, inside_r, inside_c, cell_r, cell_c]
-
-
-def _area_bounds_host(in_len: np.ndarray, out_len: np.ndarray, n: int):
-    """`_area_bounds` with start 0 on the host (numpy int64: the same integers)."""
-    i = np.arange(n)[None]
-    in_len, out_len = in_len[:, None].astype(np.int64), out_len[:, None].astype(np.int64)
-    ok = i < out_len
-    lo = np.where(ok, (i * in_len) // out_len, 0)
-    hi = np.where(ok, ((i + 1) * in_len + out_len - 1) // out_len, 0)
-    return lo, hi, ok
-
-
-def _upload_parts(arrays: list[np.ndarray], device: torch.device, dtype=np.int64) -> list[torch.Tensor]:
-    """Several small host arrays on the device in one (pinned, non-blocking) upload, as views of it (`dtype`)."""
-    flat = np.concatenate([np.ascontiguousarray(a, dtype=dtype).ravel() for a in arrays])
-    parts = _to_device(flat, device).split([a.size for a in arrays])
-    return [p.view(a.shape) for p, a in zip(parts, arrays, strict=True)]
-
-
 def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     """A small host array on the device without a host sync: a plain (pageable) CUDA upload waits for the stream
     to drain, a pinned non_blocking one does not (the pinned buffer is kept until the copy is done)."""
@@ -443,9 +399,8 @@ def _area_bounds(start, in_len, out_len, n: int):
     return lo, hi, ok
 
 
-def pnet_forward(pnet: torch.nn.Module, x: torch.Tensor, inside_rows: torch.Tensor, inside_cols: torch.Tensor):
-    """facenet's P-Net on a zero-padded canvas, as if each image x[n] were only h[n] x w[n] large; inside_rows
-    [N, H - 2] / inside_cols [N, W - 2] (bool): which conv1 outputs lie in the image (row < h[n] - 2, ...).
+def pnet_forward(pnet: torch.nn.Module, x: torch.Tensor, heights: torch.Tensor, widths: torch.Tensor):
+    """facenet's P-Net on a zero-padded canvas, as if each image x[n] were only heights[n] x widths[n] large.
 
     P-Net's first pooling uses ceil mode: on an image of odd conv1 width, the last window holds one column alone.
     On a wider canvas that window also sees a column computed from the padding, which moved boxes of faces cut by
@@ -453,7 +408,9 @@ def pnet_forward(pnet: torch.nn.Module, x: torch.Tensor, inside_rows: torch.Tens
     pooling restores the image-alone result (only cells the image alone has are read afterwards).
     """
     y = pnet.prelu1(pnet.conv1(x))
-    inside = (inside_rows[:, :, None] & inside_cols[:, None, :])[:, None]
+    rows = torch.arange(y.shape[2], device=y.device)[None] < (heights - 2)[:, None]
+    cols = torch.arange(y.shape[3], device=y.device)[None] < (widths - 2)[:, None]
+    inside = (rows[:, :, None] & cols[:, None, :])[:, None]
     y = torch.where(inside, y, -1e4)
     y = pnet.prelu2(pnet.conv2(pnet.pool1(y)))
     y = pnet.prelu3(pnet.conv3(y))
