@@ -3,9 +3,10 @@
 Why: in a folder run the detector thread of `detect_server.BatchingDetector` runs hundreds of small torch ops
 per batch in Python (`gpen_tune.face.mtcnn_batched`) and competes for the GIL with ~60 other threads (H200: ~73
 images/s in the run against 292 images/s for the same driver alone, py-spy shows the GIL). A process has its
-own GIL and its own CUDA context. NOT measured on a GPU yet (see `benchmarks/throughput.py
---ab-detector-process`); note that without MPS the GPU time-slices between the two processes' contexts, so the
-detector's kernels no longer overlap the generator's as they can on a second stream of one process.
+own GIL and its own CUDA context. Measured (H200, no MPS, `benchmarks/throughput.py --ab-detector-process`, one
+run, 20261201-022528): 331 faces/s against 341 with the detector thread, so it stays opt-in. Without MPS the GPU
+time-slices between the two processes' contexts, so the detector's kernels no longer overlap the generator's as
+they do on a second stream of one process; with MPS it is unmeasured.
 
 How: the batching is the same as BatchingDetector's (callers shrink to det_size in their own threads; a server
 thread in this process takes everything queued, up to MAX_IMAGES, per call). The server thread copies the batch's
