@@ -9,7 +9,7 @@
 #   benchmarks/h200_session.sh part6   # session 2: GPU tests, throughput with float64 detector + 24 prepare threads (~4 min)
 #   benchmarks/h200_session.sh part7   # session 2: detector/runner GPU tests, throughput with the float32 detector (~3 min)
 #   benchmarks/h200_session.sh part19  # session 4 (benchmarks/_before held layers.py/gpen.py/fir.py of 4178025): plain bs1 before/after (styles GEMM, lrelu in the conv's last pass, cached sums read in capture); detector contention; GPU tests (~6 min)
-#   benchmarks/h200_session.sh part20  # session 4 (benchmarks/_before/mtcnn_batched.py of f119d48): detector driver A/B alone and under load; throughput A/B/A; GPU tests (~8 min)
+#   benchmarks/h200_session.sh part20  # session 4, at d911227 (its benchmarks/_before/mtcnn_batched.py = f119d48's): detector driver A/B alone and under load; throughput A/B/A; GPU tests (~8 min); the driver change it measured was reverted (f720bad)
 #   benchmarks/h200_session.sh part21  # session 4: bench GPEN-BFR-512 and -256 (~6 min)
 #   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
