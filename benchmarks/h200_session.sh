@@ -11,6 +11,7 @@
 #   benchmarks/h200_session.sh part19  # session 4 (benchmarks/_before held layers.py/gpen.py/fir.py of 4178025): plain bs1 before/after (styles GEMM, lrelu in the conv's last pass, cached sums read in capture); detector contention; GPU tests (~6 min)
 #   benchmarks/h200_session.sh part20  # session 4, at d911227 (its benchmarks/_before/mtcnn_batched.py = f119d48's): detector driver A/B alone and under load; throughput A/B/A; GPU tests (~8 min); the driver change it measured was reverted (f720bad)
 #   benchmarks/h200_session.sh part21  # session 4: bench GPEN-BFR-512 and -256 (~6 min)
+#   benchmarks/h200_session.sh part23  # session 4: pipeline A/B/A with a 20 ms GIL switch interval (favours the op-issuing detector thread) (~2 min)
 #   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
 #   benchmarks/h200_session.sh part9   # Triton FIR A/B at bs1, GPU tests, bench GPEN-BFR-512 (~10 min)
@@ -236,7 +237,12 @@ case "${1:-part1}" in
         --skip-serial $opts --out "$DEST" 2>&1 | tail -7 >> "$LOG"
     done
     ;;
-  *) echo "usage: $0 part1|...|part22" >&2; exit 2 ;;
+  part23)
+    step "throughput GPEN-BFR-512, preset speed, pipeline: GIL switch interval 5 ms / 20 ms / 5 ms"
+    timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --skip-serial --ab-switch-interval 0.02 --out "$DEST" 2>&1 | tail -9 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part23" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"
