@@ -45,6 +45,44 @@ def load_before(path: Path):
     return module
 
 
+_DECODE_LOOP = """
+import sys, time, glob, cv2
+cv2.setNumThreads(1)
+files = sorted(glob.glob(sys.argv[1] + "/*.jpg"))
+data = [open(f, "rb").read() for f in files]
+import numpy as np
+bufs = [np.frombuffer(d, np.uint8) for d in data]
+sleep_s = float(sys.argv[2])
+k = 0
+while True:
+    img = cv2.imdecode(bufs[k % len(bufs)], cv2.IMREAD_COLOR)
+    cv2.resize(img, (img.shape[1] // 2, img.shape[0] // 2), interpolation=cv2.INTER_AREA)
+    time.sleep(sleep_s)
+    k += 1
+"""
+
+
+@contextlib.contextmanager
+def process_load(n: int, jpegs: list, sleep_s: float):
+    """The same decode + shrink loop as the prepare-like threads, in n small Python processes (own GIL each; they
+    import only OpenCV and numpy)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, buf in enumerate(jpegs):
+            Path(tmp, f"{i}.jpg").write_bytes(buf.tobytes())
+        procs = [subprocess.Popen([sys.executable, "-c", _DECODE_LOOP, tmp, str(sleep_s)]) for _ in range(n)]
+        time.sleep(2.0)                        # start + first decodes
+        try:
+            yield
+        finally:
+            for p in procs:
+                p.kill()
+            for p in procs:
+                p.wait()
+
+
 class Load:
     """Background threads that run `work()` until stopped; counts iterations."""
 
@@ -90,6 +128,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=12)
     ap.add_argument("--prepare-threads", type=int, default=48)
     ap.add_argument("--before", type=Path, default=None, help="an earlier mtcnn_batched.py: A/B in the same run")
+    ap.add_argument("--gil-split", action="store_true",
+                    help="the decode load in 8 / 16 / N threads and in N processes: is the slowdown the GIL?")
     ap.add_argument("--full", action="store_true", help="also the GPU-only conditions and the stream priority")
     ap.add_argument("--prepare-sleep-ms", type=float, default=30.0)
     ap.add_argument("--model", default="GPEN-BFR-512")
@@ -185,6 +225,14 @@ def main() -> None:
     for label in labels:
         with driver(label), Load("prepare", args.prepare_threads, prepare_like) as p:
             record(f"cpu: {args.prepare_threads} prepare-like threads", driver=label, prepare_iters=p.iters)
+    if args.gil_split:
+        # GIL or CPU? The same decode load in threads of this process (sharing the detector's GIL) at several counts,
+        # and in processes (own GILs, same CPU work): if only the threads slow the detector, it is the GIL.
+        for n in (8, 16, args.prepare_threads):
+            with Load("prepare", n, prepare_like) as p:
+                record(f"gil split: {n} prepare-like threads", prepare_iters=p.iters)
+        with process_load(args.prepare_threads, jpegs, args.prepare_sleep_ms / 1e3):
+            record(f"gil split: {args.prepare_threads} prepare-like processes (own GIL each)")
     for label in labels:
         with driver(label), Load("generator", 1, generate_with_duty), Load("prepare", args.prepare_threads,
                                                                            prepare_like):
