@@ -36,8 +36,8 @@ class EnhancerStages:
         stems: output stem per input index (default: each input's stem).
         paste: "auto" (GPU for frames >= GPU_PASTE_MIN_PIXELS on CUDA), "cpu" or "gpu".
         save_faces / save_comparison: the serial driver's extra outputs.
-        detector_process: run the detector in a process of its own (`detect_process.ProcessDetector`, opt-in,
-            not measured on a GPU yet) instead of a thread of this one; refused with a lazy detector.
+        detector_process: run the detector in a process of its own (`detect_process.ProcessDetector`, opt-in:
+            not faster on an H200 without MPS) instead of a thread of this one; refused with a lazy detector.
     """
 
     def __init__(self, enhancer: Any, naming: Any, paths: Sequence[Path], stems: Sequence[str] | None = None,
