@@ -86,7 +86,7 @@ class Generator(nn.Module):
     def layer_styles(self, w: torch.Tensor) -> list[torch.Tensor]:
         """Every layer's style s = A(w), for all layers in one GEMM (GPEN feeds the same w to every layer): the
         affine weights stacked once (cached while they are unchanged), one addmm instead of one small GEMM per
-        layer (46 for GPEN-512; at batch 1 each is a launch-bound GEMV). Same values as each layer's A(w)."""
+        layer (23 for GPEN-512; at batch 1 each is a launch-bound GEMV). Same values as each layer's A(w)."""
         mods = self.modulations()
         first = mods[0]
         if any(m.weight.dtype != first.weight.dtype or m.scale != first.scale or m.lr_mul != first.lr_mul
