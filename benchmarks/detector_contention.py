@@ -37,6 +37,26 @@ from gpen_tune.face.detect import MTCNNDetector  # noqa: E402
 from gpen_tune.model.load import load_model  # noqa: E402
 
 
+def profile_call(det, images) -> dict:
+    """One detector call alone under torch.profiler: wall ms, GPU kernel ms (sum over kernels), kernel count and
+    the torch calls made from Python: how much of the call is host work that CUDA graphs could remove."""
+    from torch.profiler import ProfilerActivity, profile
+
+    det.detect(images)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        det.detect(images)
+        torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    gpu_us = sum(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total for e in kernels)
+    return {"condition": "profile: one call alone", "wall_ms_under_profiler": round(1e3 * wall, 1),
+            "gpu_kernel_ms": round(gpu_us / 1e3, 2), "kernels": len(kernels),
+            "cpu_ops": sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU
+                           and e.name.startswith("aten::"))}
+
+
 def load_before(path: Path):
     """An earlier mtcnn_batched.py as a module of its own (A/B of the driver in one process)."""
     spec = importlib.util.spec_from_file_location("mtcnn_batched_before", path)
@@ -130,6 +150,7 @@ def main() -> None:
     ap.add_argument("--before", type=Path, default=None, help="an earlier mtcnn_batched.py: A/B in the same run")
     ap.add_argument("--gil-split", action="store_true",
                     help="the decode load in 8 / 16 / N threads and in N processes: is the slowdown the GIL?")
+    ap.add_argument("--profile", action="store_true", help="also profile one call alone (GPU vs host time)")
     ap.add_argument("--full", action="store_true", help="also the GPU-only conditions and the stream priority")
     ap.add_argument("--prepare-sleep-ms", type=float, default=30.0)
     ap.add_argument("--model", default="GPEN-BFR-512")
@@ -210,6 +231,9 @@ def main() -> None:
         finally:
             current.detect_mtcnn_batched = kept
 
+    if args.profile and cuda:
+        rows.append(profile_call(_Det(), batches[0]))
+        print(json.dumps(rows[-1]), flush=True)
     labels = ["after", "before"] if before else ["after"]
     for label in labels:
         with driver(label):

@@ -12,7 +12,7 @@
 #   benchmarks/h200_session.sh part20  # session 4, at d911227 (its benchmarks/_before/mtcnn_batched.py = f119d48's): detector driver A/B alone and under load; throughput A/B/A; GPU tests (~8 min); the driver change it measured was reverted (f720bad)
 #   benchmarks/h200_session.sh part21  # session 4: bench GPEN-BFR-512 and -256 (~6 min)
 #   benchmarks/h200_session.sh part23  # session 4: pipeline A/B/A with a 20 ms GIL switch interval (favours the op-issuing detector thread) (~2 min)
-#   benchmarks/h200_session.sh part24  # next: is the detector's in-run slowdown the GIL or the CPU? (--gil-split, ~2 min)
+#   benchmarks/h200_session.sh part24  # next: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
 #   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
 #   benchmarks/h200_session.sh part9   # Triton FIR A/B at bs1, GPU tests, bench GPEN-BFR-512 (~10 min)
@@ -245,7 +245,7 @@ case "${1:-part1}" in
     ;;
   part24)
     step "detector under decode load: 8 / 16 / 48 threads of this process vs 48 processes (GIL or CPU?)"
-    timeout 200 "$PY" benchmarks/detector_contention.py --gil-split --out "$DEST" 2>&1 | tail -12 >> "$LOG"
+    timeout 200 "$PY" benchmarks/detector_contention.py --gil-split --profile --out "$DEST" 2>&1 | tail -12 >> "$LOG"
     ;;
   *) echo "usage: $0 part1|...|part24" >&2; exit 2 ;;
 esac
