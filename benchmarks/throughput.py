@@ -429,24 +429,32 @@ def main(argv: list[str] | None = None) -> int:
         print("pipeline, previous detector thread ...", flush=True)
         runs["pipeline_server_shrink"], _ = measure("pipeline_server_shrink", pipeline("out_pipeline_b"), meter, device)
         server._det_size, server.own_stream = kept, True
+    def ab_a(name: str, what: str, out_dir: str, apply, restore) -> None:
+        """A/B/A in the same run: the pipeline with a change (apply ... restore), then the default again (order
+        effects show up in the repeat)."""
+        apply()
+        print(f"pipeline, {what} ...", flush=True)
+        try:
+            runs[name], _ = measure(name, pipeline(out_dir), meter, device)
+        finally:
+            restore()
+        print("pipeline again, as before (A/B/A) ...", flush=True)
+        runs["pipeline_repeat"], _ = measure("pipeline_repeat", pipeline("out_pipeline_a2"), meter, device)
+
     if args.ab_detector_priority and hasattr(server, "stream_priority"):
-        kept, server.stream_priority, server._stream = server.stream_priority, -1, None
-        print("pipeline, detector stream at high priority ...", flush=True)
-        runs["pipeline_detector_high_priority"], _ = measure("pipeline_detector_high_priority",
-                                                             pipeline("out_pipeline_p0"), meter, device)
-        server.stream_priority, server._stream = kept, None
-        print("pipeline again, default priority (A/B/A: order effects show up here) ...", flush=True)
-        runs["pipeline_repeat"], _ = measure("pipeline_repeat", pipeline("out_pipeline_a2"), meter, device)
+        kept_priority = server.stream_priority
+
+        def set_priority(p):
+            server.stream_priority, server._stream = p, None
+
+        ab_a("pipeline_detector_high_priority", "detector stream at high priority", "out_pipeline_p0",
+             lambda: set_priority(-1), lambda: set_priority(kept_priority))
     if args.ab_switch_interval:
-        kept = sys.getswitchinterval()
-        sys.setswitchinterval(args.ab_switch_interval)
-        print(f"pipeline, GIL switch interval {args.ab_switch_interval * 1e3:g} ms ...", flush=True)
-        runs["pipeline_switch_interval"], _ = measure("pipeline_switch_interval", pipeline("out_pipeline_si"),
-                                                      meter, device)
+        kept_interval = sys.getswitchinterval()
+        ab_a("pipeline_switch_interval", f"GIL switch interval {args.ab_switch_interval * 1e3:g} ms",
+             "out_pipeline_si", lambda: sys.setswitchinterval(args.ab_switch_interval),
+             lambda: sys.setswitchinterval(kept_interval))
         runs["pipeline_switch_interval"]["switch_interval_s"] = args.ab_switch_interval
-        sys.setswitchinterval(kept)
-        print("pipeline again, default switch interval (A/B/A) ...", flush=True)
-        runs["pipeline_repeat"], _ = measure("pipeline_repeat", pipeline("out_pipeline_a2"), meter, device)
     if args.ab_mtcnn_before:
         import importlib.util
 
@@ -455,13 +463,13 @@ def main(argv: list[str] | None = None) -> int:
         spec = importlib.util.spec_from_file_location("mtcnn_batched_before", args.ab_mtcnn_before)
         before = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(before)
-        kept, current.detect_mtcnn_batched = current.detect_mtcnn_batched, before.detect_mtcnn_batched
-        print(f"pipeline, detector driver from {args.ab_mtcnn_before} ...", flush=True)
-        runs["pipeline_mtcnn_before"], _ = measure("pipeline_mtcnn_before", pipeline("out_pipeline_mb"), meter,
-                                                   device)
-        current.detect_mtcnn_batched = kept
-        print("pipeline again, this checkout's driver (A/B/A) ...", flush=True)
-        runs["pipeline_repeat"], _ = measure("pipeline_repeat", pipeline("out_pipeline_a2"), meter, device)
+        kept_driver = current.detect_mtcnn_batched
+
+        def set_driver(fn):
+            current.detect_mtcnn_batched = fn
+
+        ab_a("pipeline_mtcnn_before", f"detector driver from {args.ab_mtcnn_before}", "out_pipeline_mb",
+             lambda: set_driver(before.detect_mtcnn_batched), lambda: set_driver(kept_driver))
     process_detector = None
     if args.ab_detector_process:
         def run_with_process_detector(inputs, out: Path):

@@ -159,6 +159,14 @@ def rescale(dets: list[Detection], sx: float, sy: float) -> list[Detection]:
     return [Detection(box=d.box / np.tile(scale, 2), score=d.score, landmarks=d.landmarks / scale) for d in dets]
 
 
+def detect_shrunk(detect, images, det_size: int) -> list[list[Detection]]:
+    """`detect` (images -> detections per image) run on copies shrunk to det_size, results in the originals'
+    coordinates: the caller's thread does the resizing (the detector servers' callers use this)."""
+    shrunk = [shrink_for_detection(img, det_size) for img in images]
+    found = detect([small for small, _ in shrunk])
+    return [rescale(dets, sx, sy) for dets, (_, (sx, sy)) in zip(found, shrunk, strict=True)]
+
+
 def _to_detections(boxes, scores, lms, sx: float, sy: float, threshold: float) -> list[Detection]:
     boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
     scores = np.asarray(scores, dtype=np.float64).reshape(-1)

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from gpen_tune.throughput.detect_queue import DetectRequest, take_batch
+
 MAX_IMAGES = 32                 # images per detector call, as BatchingDetector
 MIN_SEGMENT_BYTES = 32 << 20    # first shared-memory segment (pages are only committed when written)
 ALIGN = 64                      # byte alignment of each image in the segment
@@ -96,16 +98,6 @@ def _torch_threads() -> int:
     return torch.get_num_threads()
 
 
-class _Request:
-    __slots__ = ("done", "error", "images", "result")
-
-    def __init__(self, images: list[np.ndarray]):
-        self.images = images
-        self.done = threading.Event()
-        self.result: list[_Packed] | None = None
-        self.error: BaseException | None = None
-
-
 class ProcessDetector:
     """A detector in a child process; thread-safe `detect(images) -> list[list[Detection]]`.
 
@@ -131,7 +123,7 @@ class ProcessDetector:
         self.name, self.threshold, self.det_size = ready["name"], ready["threshold"], ready["det_size"]
         self.device = torch.device(ready["device"])
         self._shm: SharedMemory | None = None
-        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._queue: queue.Queue[DetectRequest | None] = queue.Queue()
         self._lock = threading.Lock()
         self._closed = False
         self._dead: BaseException | None = None
@@ -166,18 +158,16 @@ class ProcessDetector:
     # -- callers ------------------------------------------------------------------------------------------------
     def detect(self, images: Sequence[np.ndarray]) -> list:
         """Faces of every image (as the in-process detector: highest score first, original coordinates)."""
-        from gpen_tune.face.detect import rescale, shrink_for_detection
+        from gpen_tune.face.detect import detect_shrunk
 
         if not images:
             return []
         if self.shrink_in_caller and self.det_size:
-            shrunk = [shrink_for_detection(img, self.det_size) for img in images]
-            found = self._detect([small for small, _ in shrunk])
-            return [rescale(dets, sx, sy) for dets, (_, (sx, sy)) in zip(found, shrunk, strict=True)]
+            return detect_shrunk(self._detect, images, self.det_size)
         return self._detect([_checked(img) for img in images])
 
     def _detect(self, images: list[np.ndarray]) -> list:
-        req = _Request(images)
+        req = DetectRequest(images)
         with self._lock:
             if self._closed:
                 raise RuntimeError("detector was closed")
@@ -190,7 +180,7 @@ class ProcessDetector:
     # -- server thread ------------------------------------------------------------------------------------------
     def _serve(self) -> None:
         while True:
-            batch = self._take_batch()
+            batch = take_batch(self._queue, self._max_images)
             if batch is None:
                 return
             if self._dead is not None:
@@ -198,25 +188,7 @@ class ProcessDetector:
             else:
                 self._run(batch)
 
-    def _take_batch(self) -> list[_Request] | None:
-        """Everything already queued (continuous batching: never waits for company), up to the image cap."""
-        req = self._queue.get()
-        if req is None:
-            return None
-        batch, n = [req], len(req.images)
-        while n < self._max_images:
-            try:
-                nxt = self._queue.get_nowait()
-            except queue.Empty:
-                break
-            if nxt is None:
-                self._queue.put(None)          # stop after this batch
-                break
-            batch.append(nxt)
-            n += len(nxt.images)
-        return batch
-
-    def _run(self, batch: list[_Request]) -> None:
+    def _run(self, batch: list[DetectRequest]) -> None:
         images = [im for r in batch for im in r.images]
         try:
             layout = self._pack(images)
@@ -308,7 +280,7 @@ def _checked(img: np.ndarray) -> np.ndarray:
     return img
 
 
-def _finish(batch: list[_Request], error: BaseException | None = None) -> None:
+def _finish(batch: list[DetectRequest], error: BaseException | None = None) -> None:
     for r in batch:
         if error is not None:
             r.error = error

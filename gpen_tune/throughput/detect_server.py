@@ -19,19 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpen_tune.face.detect import rescale, shrink_for_detection
+from gpen_tune.face.detect import detect_shrunk
+from gpen_tune.throughput.detect_queue import DetectRequest, take_batch
 
 MAX_IMAGES = 32      # images per detector call (the batched MTCNN bounds its own memory per chunk)
-
-
-class _Request:
-    __slots__ = ("done", "error", "images", "result")
-
-    def __init__(self, images: list[np.ndarray]):
-        self.images = images
-        self.done = threading.Event()
-        self.result: list | None = None
-        self.error: BaseException | None = None
 
 
 class BatchingDetector:
@@ -51,7 +42,7 @@ class BatchingDetector:
         self.stream_priority = 0          # CUDA priority of that stream (lower = higher); -1 measured no faster
         self._stream = None
         self._max_images = max_images
-        self._queue: queue.Queue[_Request | None] = queue.Queue()
+        self._queue: queue.Queue[DetectRequest | None] = queue.Queue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -68,13 +59,11 @@ class BatchingDetector:
         if not images:
             return []
         if self._det_size:
-            shrunk = [shrink_for_detection(img, self._det_size) for img in images]
-            found = self._detect([small for small, _ in shrunk])
-            return [rescale(dets, sx, sy) for dets, (_, (sx, sy)) in zip(found, shrunk, strict=True)]
+            return detect_shrunk(self._detect, images, self._det_size)
         return self._detect(images)
 
     def _detect(self, images: Sequence[np.ndarray]) -> list:
-        req = _Request(list(images))
+        req = DetectRequest(list(images))
         with self._lock:
             if self._closed:
                 raise RuntimeError("detector was closed")
@@ -88,24 +77,10 @@ class BatchingDetector:
         return req.result
 
     def _serve(self) -> None:
-        while True:
-            req = self._queue.get()
-            if req is None:
-                return
-            batch, n = [req], len(req.images)
-            while n < self._max_images:        # everything already waiting, never more than the cap
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._queue.put(None)      # stop after this batch
-                    break
-                batch.append(nxt)
-                n += len(nxt.images)
+        while (batch := take_batch(self._queue, self._max_images)) is not None:
             self._run(batch)
 
-    def _run(self, batch: list[_Request]) -> None:
+    def _run(self, batch: list[DetectRequest]) -> None:
         images = [im for r in batch for im in r.images]
         start_s = time.perf_counter()
         try:
