@@ -148,6 +148,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=12)
     ap.add_argument("--prepare-threads", type=int, default=48)
     ap.add_argument("--before", type=Path, default=None, help="an earlier mtcnn_batched.py: A/B in the same run")
+    ap.add_argument("--ab-pnet-graphs", action="store_true",
+                    help="A/B in the same run: the detector's P-Net from CUDA graphs (default) vs eager")
     ap.add_argument("--gil-split", action="store_true",
                     help="the decode load in 8 / 16 / N threads and in N processes: is the slowdown the GIL?")
     ap.add_argument("--profile", action="store_true", help="also profile one call alone (GPU vs host time)")
@@ -222,19 +224,28 @@ def main() -> None:
 
     @contextlib.contextmanager
     def driver(label: str):
-        """The detector's batched MTCNN driver: this checkout's, or the --before file's (same networks)."""
-        kept = current.detect_mtcnn_batched
+        """The detector's batched MTCNN driver: this checkout's, or the --before file's (same networks); "eager":
+        this checkout's without the P-Net CUDA graphs."""
+        kept, kept_graphs = current.detect_mtcnn_batched, det.pnet_graphs
         if label == "before":
             current.detect_mtcnn_batched = before.detect_mtcnn_batched
+        if label == "eager":
+            det.pnet_graphs = False
         try:
             yield
         finally:
-            current.detect_mtcnn_batched = kept
+            current.detect_mtcnn_batched, det.pnet_graphs = kept, kept_graphs
 
-    if args.profile and cuda:
-        rows.append(profile_call(_Det(), batches[0]))
-        print(json.dumps(rows[-1]), flush=True)
     labels = ["after", "before"] if before else ["after"]
+    if args.ab_pnet_graphs:
+        labels.append("eager")
+        if cuda:
+            det.capture_graphs()
+    if args.profile and cuda:
+        for label in labels:
+            with driver(label):
+                rows.append({**profile_call(_Det(), batches[0]), "driver": label})
+            print(json.dumps(rows[-1]), flush=True)
     for label in labels:
         with driver(label):
             record("alone", driver=label)
@@ -271,6 +282,7 @@ def main() -> None:
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "gpu": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
         "batch": args.batch, "calls": args.calls, "prepare_threads": args.prepare_threads,
+        "pnet_graphs": det.uses_pnet_graphs,
         "rows": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)

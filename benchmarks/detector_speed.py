@@ -84,6 +84,22 @@ def batched_driver(batch: list[np.ndarray], nets, device) -> list[int]:
     return [int((s >= DEFAULT_THRESHOLD).sum()) for _, s, _ in found]
 
 
+_FIXED: dict = {}
+
+
+def graphed_driver(batch: list[np.ndarray], nets, device) -> list[int]:
+    """The batched driver with its P-Net stage replayed from CUDA graphs (FixedCanvasPNet, canvas = --long-side)."""
+    from gpen_tune.face.mtcnn_batched import FixedCanvasPNet
+
+    fixed = _FIXED.get(id(nets[0]))
+    if fixed is None:
+        fixed = _FIXED[id(nets[0])] = FixedCanvasPNet(nets[0], _FIXED["side"], MTCNN_MIN_FACE,
+                                                      MTCNN_STAGE_THRESHOLDS[0], MTCNN_PYRAMID_FACTOR)
+    found = detect_mtcnn_batched(batch, *nets, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS, MTCNN_PYRAMID_FACTOR, device,
+                                 fixed=fixed)
+    return [int((s >= DEFAULT_THRESHOLD).sum()) for _, s, _ in found]
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -95,13 +111,13 @@ def measure(driver, batch, nets, device, repeats: int) -> dict:
         sync(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         for _ in range(repeats):
             driver(batch, nets, device)
         sync(device)
-        dt = time.perf_counter() - t
+        dt, cpu = time.perf_counter() - t, time.thread_time() - c
     out = {"images_per_s": round(len(batch) * repeats / dt, 2), "s_per_batch": round(dt / repeats, 4),
-           "faces": counts}
+           "host_cpu_s_per_batch": round(cpu / repeats, 4), "faces": counts}
     if device.type == "cuda":
         out["peak_gpu_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
     return out
@@ -132,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long-side", type=int, default=1024, help="photos are shrunk to this long side")
     ap.add_argument("--kinds", default="mixed,same", help="batch kinds: mixed (own sizes), same (letterboxed)")
     ap.add_argument("--skip-facenet", action="store_true", help="time only the batched driver")
+    ap.add_argument("--skip-graphs", action="store_true", help="CUDA: skip the P-Net CUDA-graph variant")
     ap.add_argument("--out", type=Path, default=None, help="folder for the JSON result")
     args = ap.parse_args(argv)
 
@@ -143,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
     nets = tuple(n().to(device).eval() for n in (PNet, RNet, ONet))
     pool = photo_pool(args.long_side)
+    _FIXED["side"] = args.long_side
     sizes = [int(b) for b in args.batch.split(",") if b.strip()]
     result = {"command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
               "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -156,9 +174,15 @@ def main(argv: list[str] | None = None) -> int:
             batch = [images[i % len(images)] for i in range(b)]
             run = {"kind": kind, "batch": b}
             drivers = [("batched", batched_driver)] + ([] if args.skip_facenet else [("facenet", facenet_driver)])
+            if device.type == "cuda" and not args.skip_graphs:
+                drivers.append(("batched_graphs", graphed_driver))
             for name, driver in drivers:
                 run[name] = measure(driver, batch, nets, device, args.repeats)
                 print(f"{kind:5s} batch {b:3d} {name:8s} {run[name]['images_per_s']:8.2f} images/s", flush=True)
+            if "batched_graphs" in run:
+                run["graphs_same_counts"] = run["batched"]["faces"] == run["batched_graphs"]["faces"]
+                run["graphs_speedup"] = round(run["batched_graphs"]["images_per_s"] / run["batched"]["images_per_s"],
+                                              2)
             if "facenet" in run:
                 run["same_counts"] = run["batched"]["faces"] == run["facenet"]["faces"]
                 run["speedup"] = round(run["batched"]["images_per_s"] / run["facenet"]["images_per_s"], 2)

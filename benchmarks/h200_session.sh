@@ -12,7 +12,8 @@
 #   benchmarks/h200_session.sh part20  # session 4, at d911227 (its benchmarks/_before/mtcnn_batched.py = f119d48's): detector driver A/B alone and under load; throughput A/B/A; GPU tests (~8 min); the driver change it measured was reverted (f720bad)
 #   benchmarks/h200_session.sh part21  # session 4: bench GPEN-BFR-512 and -256 (~6 min)
 #   benchmarks/h200_session.sh part23  # session 4: pipeline A/B/A with a 20 ms GIL switch interval (favours the op-issuing detector thread) (~2 min)
-#   benchmarks/h200_session.sh part24  # next: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
+#   benchmarks/h200_session.sh part25  # session 5: GPU tests, detector speed / under load / folder throughput with the P-Net from CUDA graphs vs eager (~9 min)
+#   benchmarks/h200_session.sh part24  # session 5: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
 #   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
 #   benchmarks/h200_session.sh part9   # Triton FIR A/B at bs1, GPU tests, bench GPEN-BFR-512 (~10 min)
@@ -247,7 +248,19 @@ case "${1:-part1}" in
     step "detector under decode load: 8 / 16 / 48 threads of this process vs 48 processes (GIL or CPU?)"
     timeout 200 "$PY" benchmarks/detector_contention.py --gil-split --profile --out "$DEST" 2>&1 | tail -12 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part24" >&2; exit 2 ;;
+  part25)
+    step "GPU tests"
+    timeout 150 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -15 >> "$LOG"
+    step "detector speed: eager driver vs P-Net from CUDA graphs, alone"
+    timeout 90 "$PY" benchmarks/detector_speed.py --device cuda --batch 1,8,21,32 --repeats 5 --kinds mixed \
+      --skip-facenet --out "$DEST" 2>&1 | tail -12 >> "$LOG"
+    step "throughput: serial, pipeline, A/B/A with the P-Net eager"
+    timeout 240 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --ab-pnet-graphs --out "$DEST" 2>&1 | tail -16 >> "$LOG"
+    step "detector under load, P-Net graphs vs eager"
+    timeout 150 "$PY" benchmarks/detector_contention.py --ab-pnet-graphs --profile --out "$DEST" 2>&1 | tail -12 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part25" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

@@ -345,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ab-mtcnn-before", type=Path, default=None, metavar="FILE",
                     help="also run the pipeline with an earlier mtcnn_batched.py as the detector's driver, then "
                          "this checkout's again: A/B/A in the same run")
+    ap.add_argument("--ab-pnet-graphs", action="store_true",
+                    help="A/B/A in the same run: the detector's P-Net eager instead of from CUDA graphs")
     ap.add_argument("--workdir", type=Path, default=None, help="where the folders go (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -391,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
         for b in ([k for k in (1, 2, 4, 8, 16, 32, 64) if k <= batch] if graphed and not compiled_or_graphed
                   else [batch]):
             restore_fn(torch.zeros(b, 3, enhancer.size, enhancer.size, device=device, dtype=enhancer.dtype))
+    capture = getattr(enhancer.detector, "capture_graphs", None)
+    if capture is not None:
+        capture()                         # the detector's P-Net graphs, every batch bucket (as the generator's)
     enhance_folder(warm_in, work / "warm_serial", enhancer=enhancer, serial=True)
     enhance_folder(warm_in, work / "warm_pipe", enhancer=enhancer, workers=args.workers,
                    prepare_workers=args.prepare_workers, max_batch=batch,
@@ -470,6 +475,15 @@ def main(argv: list[str] | None = None) -> int:
 
         ab_a("pipeline_mtcnn_before", f"detector driver from {args.ab_mtcnn_before}", "out_pipeline_mb",
              lambda: set_driver(before.detect_mtcnn_batched), lambda: set_driver(kept_driver))
+    if args.ab_pnet_graphs:
+        mtcnn = getattr(server, "_inner", server)
+        kept_graphs = getattr(mtcnn, "pnet_graphs", None)
+
+        def set_graphs(value):
+            mtcnn.pnet_graphs = value
+
+        ab_a("pipeline_pnet_eager", "detector's P-Net eager (no CUDA graphs)", "out_pipeline_pe",
+             lambda: set_graphs(False), lambda: set_graphs(kept_graphs))
     process_detector = None
     if args.ab_detector_process:
         def run_with_process_detector(inputs, out: Path):
@@ -510,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
                      "prepare_workers": pipe["stages"].get("prepare_workers"),
                      "max_wait_ms": args.max_wait_ms, "paste": args.paste, "detect_batch": args.detect_batch,
                      "detector": enhancer.detector.name,
+                     "detector_pnet_graphs": getattr(enhancer.detector, "uses_pnet_graphs", None),
                      "det_size": settings.det_size, "max_inflight": pipe["stages"].get("max_inflight")},
         "folder": composition,
         "warmup_s": round(warmup_s, 2),

@@ -260,8 +260,8 @@ def per_scale_candidates(self, idx, level_hw, scale):
     img_ids, lh, lw = (torch.as_tensor(a) for a in (idx, level_hw[:, 0], level_hw[:, 1]))
     hw = self.hw[img_ids]
     zeros = torch.zeros_like(lh)
-    level = self._area_resize(img_ids, zeros, zeros, hw[:, 0], hw[:, 1], lh, lw,
-                              int(level_hw[:, 0].max()), int(level_hw[:, 1].max()))
+    level = mb.area_resize(self.table, self.dtype, img_ids, zeros, zeros, hw[:, 0], hw[:, 1], lh, lw,
+                           int(level_hw[:, 0].max()), int(level_hw[:, 1].max()))
     reg, prob = mb.pnet_forward(self.pnet, level, lh, lw)
     score = prob[:, 1]
     rows_ok = torch.arange(score.shape[1])[None] < ((lh - 1) // 2 - 4)[:, None]
@@ -278,10 +278,10 @@ def per_scale_candidates(self, idx, level_hw, scale):
 
 
 def driver(images):
-    from gpen_tune.face.mtcnn_batched import _Driver, _upload
+    from gpen_tune.face.mtcnn_batched import _Driver, _integral, _upload
 
     canvas, sizes = _upload(images, torch.device("cpu"))
-    return _Driver(canvas, sizes, *nets(), float(MTCNN_MIN_FACE), tuple(MTCNN_STAGE_THRESHOLDS),
+    return _Driver(_integral(canvas), sizes, *nets(), float(MTCNN_MIN_FACE), tuple(MTCNN_STAGE_THRESHOLDS),
                    float(MTCNN_PYRAMID_FACTOR))
 
 
@@ -351,3 +351,98 @@ def test_stage1_syncs_do_not_grow_with_scales_or_chunks(pnet_max_pixels, monkeyp
     assert len(scales) >= 10 and chunks >= len(scales)
     # what the per-scale version did: a nonzero per chunk, an nms per chunk with candidates, one across scales
     assert calls["nonzero"] == chunks and len(scales) <= calls["nms"] <= chunks + 1
+
+
+# -- the fixed-canvas P-Net plan (replayed from CUDA graphs on CUDA; eager here) --------------------------------------
+
+def fixed_pnet(side: int = 1024, graphs: bool = False, pnet=None):
+    from gpen_tune.face.mtcnn_batched import FixedCanvasPNet
+
+    return FixedCanvasPNet(pnet or nets()[0], side, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS[0], MTCNN_PYRAMID_FACTOR,
+                           graphs=graphs)
+
+
+def with_fixed(images, fixed, net_set=None, device="cpu"):
+    return detect_mtcnn_batched(images, *(net_set or nets()), MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS,
+                                MTCNN_PYRAMID_FACTOR, device, fixed=fixed)
+
+
+def assert_identical(got, want):
+    """The same faces per image to float rounding (the convolution may sum in another order on a larger canvas)."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert len(g[0]) == len(w[0])
+        if len(w[0]):
+            assert_same(g, by_score(w), tol=1e-3, score_tol=1e-5)
+
+
+def test_fixed_canvas_plan_gives_the_dynamic_drivers_detections():
+    """Five real photos (bucket 8: three padding slots), one too small for most scales and one face cut by the
+    border, on a canvas 40 px larger than the largest: every P-Net cell each image has alone, so the same detections (same networks, same
+    arithmetic; only the zero padding around each image is larger: float rounding at most)."""
+    keys = ("mosaic6_0", "astronaut", "crop", "grace_hopper", "mosaic4_3")
+    images = [photo(k) for k in keys] + [np.ascontiguousarray(photo("astronaut")[:60, :90])]
+    fixed = fixed_pnet(side=max(max(im.shape[:2]) for im in images) + 40)
+    assert fixed.fits(images)
+    got = with_fixed(images, fixed)
+    assert_identical(got, batched(images))
+    for key, found in zip(keys, got[:-1], strict=True):
+        assert_same(found, reference(key))
+    assert len(got[-1][0]) == 0                     # the 60 x 90 corner: no face
+
+
+def test_fixed_canvas_buffers_carry_nothing_between_calls():
+    """The static buffers are reused: a batch after a different batch of the same bucket gets its own answer."""
+    fixed = fixed_pnet(side=640)
+    first = [photo("astronaut"), photo("crop")[:500, :600].copy()]
+    then = [photo("grace_hopper"), np.zeros((40, 40, 3), np.uint8)]
+    with_fixed(first, fixed)
+    assert_identical(with_fixed(then, fixed), batched(then))
+    assert_identical(with_fixed(first[::-1], fixed), batched(first[::-1]))
+
+
+def test_fixed_canvas_falls_back_for_what_it_cannot_hold():
+    """Images larger than the canvas, or batches above the largest bucket, take the dynamic driver."""
+    fixed = fixed_pnet(side=512)
+    big = [photo("grace_hopper")]                    # 600 x 512: taller than 512
+    assert not fixed.fits(big)
+    assert_identical(with_fixed(big, fixed), batched(big))
+    assert not fixed.fits([photo("astronaut")] * (fixed.BUCKETS[-1] + 1))
+    assert fixed._slots == {}                        # nothing was built for them
+
+
+def test_fixed_canvas_must_match_the_thresholds():
+    with pytest.raises(ValueError, match="another min_face"):
+        detect_mtcnn_batched([photo("astronaut")], *nets(), MTCNN_MIN_FACE, (0.5, 0.7, 0.7), MTCNN_PYRAMID_FACTOR,
+                             "cpu", fixed=fixed_pnet())
+
+
+def test_cpu_detector_never_uses_pnet_graphs():
+    det = MTCNNDetector("cpu")
+    assert not det.uses_pnet_graphs
+    assert not MTCNNDetector("cpu", pnet_graphs=True).uses_pnet_graphs
+
+
+@pytest.mark.gpu
+def test_pnet_graph_replays_match_the_eager_driver_on_cuda():
+    """On CUDA: the captured P-Net replays give the eager driver's detections on real photos, over several
+    buckets and repeated batches (graphs replayed, not re-captured), and the detector uses them by default."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cuda_nets = tuple(type(m)().to("cuda").eval() for m in nets())
+    fixed = fixed_pnet(graphs=True, pnet=cuda_nets[0])
+    keys = ("mosaic6_0", "astronaut", "crop", "grace_hopper", "mosaic4_3")
+    batches = [[photo(k) for k in keys], [photo("astronaut")], [photo(k) for k in keys[::-1]] * 3,
+               [photo(k) for k in keys]]
+    for images in batches:
+        got = with_fixed(images, fixed, cuda_nets, "cuda")
+        want = detect_mtcnn_batched(images, *cuda_nets, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS,
+                                    MTCNN_PYRAMID_FACTOR, "cuda")
+        for g, w in zip(got, want, strict=True):
+            assert_same(g, by_score(w), tol=0.05, score_tol=1e-4)
+    assert fixed.replays == len(batches) and sorted(fixed._slots) == [1, 8, 16]
+    assert all(slot.graph is not None for slot in fixed._slots.values())
+    det = MTCNNDetector("cuda")
+    assert det.uses_pnet_graphs == (torch.cuda.get_device_properties(0).total_memory >= 12 * 2**30)
+    found = det.detect([photo(k) for k in keys])
+    assert [len(f) for f in found] == [int((reference(k)[1] >= DEFAULT_THRESHOLD).sum()) for k in keys]

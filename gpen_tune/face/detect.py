@@ -37,6 +37,7 @@ MTCNN_STAGE_THRESHOLDS = (0.6, 0.7, 0.7)
 MTCNN_PYRAMID_FACTOR = 0.709
 MAX_BATCH = 8                    # images per detector forward pass (RetinaFace: same-size images only)
 MTCNN_MAX_BATCH = 32             # images per batched-MTCNN call, of any sizes (P-Net chunks itself by pixels)
+PNET_GRAPHS_MIN_GIB = 12         # MTCNN on CUDA: P-Net from CUDA graphs by default on GPUs at least this large
 REACH_TIMEOUT_S = 3.0            # `auto` never waits longer than this to learn that it is offline
 
 _RELEASE = "https://github.com/xinntao/facexlib/releases/download/v0.1.0/"
@@ -197,9 +198,14 @@ class MTCNNDetector(FaceDetector):
     mixed_sizes = True
     max_batch = MTCNN_MAX_BATCH
 
-    def __init__(self, device="cpu", threshold=None, det_size=DEFAULT_DET_SIZE):
+    def __init__(self, device="cpu", threshold=None, det_size=DEFAULT_DET_SIZE, pnet_graphs: bool | None = None):
+        """`pnet_graphs`: replay the P-Net stage from CUDA graphs (`mtcnn_batched.FixedCanvasPNet`); None = on CUDA
+        devices with at least PNET_GRAPHS_MIN_GIB of memory (the graphs keep ~1-2 GB of buffers)."""
         super().__init__(device, threshold, det_size)
         self.mixed_sizes = self.device.type != "cpu"
+        self.pnet_graphs = pnet_graphs
+        self._fixed = None
+        self._fixed_lock = threading.Lock()
         try:
             from facenet_pytorch.models.mtcnn import ONet, PNet, RNet
         except ImportError as e:
@@ -212,6 +218,7 @@ class MTCNNDetector(FaceDetector):
         self.pnet, self.rnet, self.onet = (net().to(self.device).eval() for net in (PNet, RNet, ONet))
 
     def to(self, device):
+        self._fixed = None                  # its graphs point at the networks' old buffers
         super().to(device)
         self.mixed_sizes = self.device.type != "cpu"
         return self
@@ -221,6 +228,30 @@ class MTCNNDetector(FaceDetector):
 
     def _drop_networks(self):
         self.pnet = self.rnet = self.onet = None
+        self._fixed = None
+
+    @property
+    def uses_pnet_graphs(self) -> bool:
+        if self.device.type != "cuda" or not self.det_size or self.pnet_graphs is False:
+            return False
+        if self.pnet_graphs is None:
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            return total >= PNET_GRAPHS_MIN_GIB * 2**30
+        return True
+
+    def capture_graphs(self) -> None:
+        """Capture the P-Net graphs of every batch bucket now (else each is captured by its first batch)."""
+        if self.uses_pnet_graphs and self.pnet is not None:
+            with self._fixed_lock:
+                self._fixed_pnet().capture_all()
+
+    def _fixed_pnet(self):
+        from gpen_tune.face.mtcnn_batched import FixedCanvasPNet
+
+        if self._fixed is None:
+            self._fixed = FixedCanvasPNet(self.pnet, self.det_size, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS[0],
+                                          MTCNN_PYRAMID_FACTOR)
+        return self._fixed
 
     def _detect_batch(self, batch):
         from gpen_tune.face.mtcnn_batched import detect_mtcnn_batched
@@ -229,10 +260,13 @@ class MTCNNDetector(FaceDetector):
             raise DetectorError("detector was closed")
         if not self.mixed_sizes:           # the CPU default: same-size stacks through facenet's driver
             return self._detect_batch_facenet(batch)
-        return detect_mtcnn_batched(
-            list(batch), self.pnet, self.rnet, self.onet, MTCNN_MIN_FACE,
-            MTCNN_STAGE_THRESHOLDS, MTCNN_PYRAMID_FACTOR, self.device,
-        )
+        if not self.uses_pnet_graphs:
+            return detect_mtcnn_batched(list(batch), self.pnet, self.rnet, self.onet, MTCNN_MIN_FACE,
+                                        MTCNN_STAGE_THRESHOLDS, MTCNN_PYRAMID_FACTOR, self.device)
+        with self._fixed_lock:             # the fixed plan's buffers serve one call at a time
+            return detect_mtcnn_batched(list(batch), self.pnet, self.rnet, self.onet, MTCNN_MIN_FACE,
+                                        MTCNN_STAGE_THRESHOLDS, MTCNN_PYRAMID_FACTOR, self.device,
+                                        fixed=self._fixed_pnet())
 
     def _detect_batch_facenet(self, batch: np.ndarray):
         """facenet-pytorch's own driver, for the CPU: there its per-box work is cheap and our driver's summed-area

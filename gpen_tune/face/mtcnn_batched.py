@@ -55,18 +55,29 @@ def detect_mtcnn_batched(
     thresholds: Sequence[float] = (0.6, 0.7, 0.7),
     factor: float = 0.709,
     device: str | torch.device | None = None,
+    fixed: FixedCanvasPNet | None = None,
 ) -> list[Result]:
     """Faces of every image: (boxes [N, 4] x1y1x2y2, scores [N], landmarks [N, 5, 2] (x, y)), float64.
 
     `images`: HWC RGB uint8 arrays of any sizes, or a uint8 tensor [B, H, W, 3]. Landmarks come in the networks'
     order (left eye, right eye, nose, mouth left, mouth right). No score threshold beyond the stage thresholds.
+    `fixed`: run the P-Net stage through this fixed-canvas plan (CUDA graphs) when the batch fits it.
     """
     device = torch.device(device) if device is not None else next(pnet.parameters()).device
     with torch.inference_mode():
+        if fixed is not None and (fixed.min_face, fixed.threshold, fixed.factor) != (
+                float(min_face), float(thresholds[0]), float(factor)):
+            raise ValueError("the fixed-canvas P-Net was made for another min_face / threshold / factor")
+        if fixed is not None and not isinstance(images, torch.Tensor) and fixed.fits(images):
+            maps = fixed(list(images))
+            driver = _Driver(maps.table, maps.sizes, pnet, rnet, onet, float(min_face), tuple(thresholds),
+                             float(factor), hw=maps.hw)
+            return driver.run(maps)
         canvas, sizes = _upload(images, device)
         if canvas is None:
             return []
-        driver = _Driver(canvas, sizes, pnet, rnet, onet, float(min_face), tuple(thresholds), float(factor))
+        driver = _Driver(_integral(canvas), sizes, pnet, rnet, onet, float(min_face), tuple(thresholds),
+                         float(factor))
         del canvas                                             # only its summed-area table is needed from here
         return driver.run()
 
@@ -111,18 +122,18 @@ def pyramid_scales(min_side: float, min_face: float, factor: float) -> list[floa
 class _Driver:
     """One batch through P-Net, R-Net and O-Net."""
 
-    def __init__(self, canvas, sizes, pnet, rnet, onet, min_face, thresholds, factor):
-        self.device = canvas.device
+    def __init__(self, table, sizes, pnet, rnet, onet, min_face, thresholds, factor, hw=None):
+        self.device = table.device
         self.sizes = sizes                                     # host [B, 2] (h, w)
         self.pnet, self.rnet, self.onet = pnet, rnet, onet
         self.dtype = next(pnet.parameters()).dtype
         self.min_face, self.thresholds, self.factor = min_face, thresholds, factor
-        self.b = canvas.shape[0]
-        self.hw = _to_device(sizes, self.device)               # [B, 2] (h, w), int64
-        self.table = _integral(canvas)                         # [B, H+1, W+1, 3]
+        self.b = len(sizes)
+        self.hw = _to_device(sizes, self.device) if hw is None else hw   # [>= B, 2] (h, w), int64
+        self.table = table                                     # summed-area table [>= B, H+1, W+1, 3]
 
-    def run(self) -> list[Result]:
-        boxes, img = self._stage1(*self.pyramid())
+    def run(self, maps: PNetMaps | None = None) -> list[Result]:
+        boxes, img = self._stage1(*self.pyramid()) if maps is None else self._candidates(maps)
         if len(boxes):
             boxes, img = self._stage2(boxes, img)
         if len(boxes):
@@ -149,48 +160,19 @@ class _Driver:
             return torch.zeros((0, 5), device=self.device), torch.zeros(0, dtype=torch.long, device=self.device)
         planes = _to_device(planes, self.device)                      # [P, 3] image id, level h, level w
         table = _to_device(_chunk_table(chunks), self.device)         # [C, 5] see _chunk_table
-        mask, feats, edges = self._pnet_maps(chunks, planes)
-        boxes, plane = _pnet_candidates(mask, feats, edges, table)
-        img = planes[plane, 0]
+        mask, feats, edges = pnet_maps(self.pnet, self.table, self.hw, chunks, planes, self.thresholds[0])
+        return self._candidates(PNetMaps(self.table, self.sizes, self.hw, planes, table, mask, feats, edges))
+
+    def _candidates(self, maps: PNetMaps) -> tuple[torch.Tensor, torch.Tensor]:
+        """From P-Net's maps of every plane: candidates NMS'd per plane, then per image across scales."""
+        boxes, plane = _pnet_candidates(maps.mask, maps.feats, maps.edges, maps.chunk_table)
+        img = maps.planes[plane, 0]
         keep = grouped_nms(boxes[:, :4], boxes[:, 4], img, 0.7)   # across scales, within each image
         boxes, img = boxes[keep], img[keep]
         w = (boxes[:, 2] - boxes[:, 0]).unsqueeze(1)
         h = (boxes[:, 3] - boxes[:, 1]).unsqueeze(1)
         regressed = boxes[:, :4] + boxes[:, 5:9] * torch.cat([w, h, w, h], 1)
         return square(torch.cat([regressed, boxes[:, 4:5]], 1)), img
-
-    def _pnet_maps(self, chunks: list[_Chunk], planes: torch.Tensor):
-        """All P-Net calls, queued back to back (no host sync): for every cell of every plane (chunk, image, row,
-        column order) the threshold test [cells] and (score, 4 offsets) [cells, 5]; the chunks' window edges
-        (_window_edges, one table after the other). Kept: ~21 bytes per cell, far below one call's activations."""
-        total = sum(c.cells for c in chunks)
-        mask = torch.empty(total, dtype=torch.bool, device=self.device)
-        feats = torch.empty((total, 5), dtype=self.dtype, device=self.device)
-        edges, a = [], 0
-        for c in chunks:
-            ok, score, reg = self._pnet_map(c, planes[c.first:c.last])
-            z = a + c.cells
-            mask[a:z] = ok.reshape(-1)
-            out = feats[a:z].view(c.last - c.first, c.out_h, c.out_w, 5)
-            out[..., 0] = score
-            out[..., 1:] = reg.permute(0, 2, 3, 1)
-            edges.append(_window_edges(max(c.out_h, c.out_w), c.scale, reg.dtype, self.device))
-            a = z
-        return mask, feats, torch.cat(edges)
-
-    def _pnet_map(self, chunk: _Chunk, planes: torch.Tensor):
-        """One P-Net call: (cells scoring >= threshold that the image's own output has, score, offsets)."""
-        img_ids, lh, lw = planes.unbind(1)
-        hw = self.hw[img_ids]
-        zeros = torch.zeros_like(lh)
-        level = self._area_resize(img_ids, zeros, zeros, hw[:, 0], hw[:, 1], lh, lw, chunk.canvas_h, chunk.canvas_w)
-        reg, prob = pnet_forward(self.pnet, level, lh, lw)
-        score = prob[:, 1]                                      # [b, oh, ow]
-        if score.shape[1:] != (chunk.out_h, chunk.out_w):
-            raise RuntimeError(f"P-Net output {tuple(score.shape[1:])}, expected {(chunk.out_h, chunk.out_w)}")
-        rows_ok = torch.arange(score.shape[1], device=self.device)[None] < _pnet_cells(lh)[:, None]
-        cols_ok = torch.arange(score.shape[2], device=self.device)[None] < _pnet_cells(lw)[:, None]
-        return (score >= self.thresholds[0]) & rows_ok[:, :, None] & cols_ok[:, None, :], score, reg
 
     # -- R-Net and O-Net -------------------------------------------------------------------------------------------
 
@@ -228,29 +210,10 @@ class _Driver:
         full = torch.full_like(x0, size)
 
         def crops(a: int, z: int) -> torch.Tensor:
-            return self._area_resize(img[a:z], y0[a:z], x0[a:z], h[a:z], w[a:z], full[a:z], full[a:z], size, size)
+            return area_resize(self.table, self.dtype, img[a:z], y0[a:z], x0[a:z], h[a:z], w[a:z], full[a:z],
+                               full[a:z], size, size)
 
         return boxes, img, *_run_chunked(net, crops, len(boxes))
-
-    def _area_resize(self, img, top, left, in_h, in_w, out_h, out_w, canvas_h: int, canvas_w: int) -> torch.Tensor:
-        """Normalised [N, 3, canvas_h, canvas_w]: for each n, the rectangle (top, left, in_h, in_w) of image img[n]
-        area-resized to (out_h[n], out_w[n]) as F.interpolate(mode="area") does; zeros beyond (out_h, out_w)."""
-        r0, r1, r_ok = _area_bounds(top, in_h, out_h, canvas_h)     # [N, canvas_h]
-        c0, c1, c_ok = _area_bounds(left, in_w, out_w, canvas_w)    # [N, canvas_w]
-        t = self.table
-        rows, cols = t.shape[1], t.shape[2]
-        base = (img * rows)[:, None, None]
-        flat = t.view(-1, 3)
-
-        def at(r, c):
-            return flat[((base + r[:, :, None]) * cols + c[:, None, :]).reshape(-1)]
-
-        total = at(r1, c1) - at(r0, c1) - at(r1, c0) + at(r0, c0)
-        count = ((r1 - r0)[:, :, None] * (c1 - c0)[:, None, :]).clamp(min=1)
-        mean = total.view(*count.shape, 3).to(self.dtype) / count[..., None].to(self.dtype)
-        out = (mean - _NORM_MEAN) * _NORM_SCALE
-        out = out * (r_ok[:, :, None] & c_ok[:, None, :])[..., None]   # outside the image: 0 (like zero padding)
-        return out.permute(0, 3, 1, 2).contiguous()
 
     # -- results ---------------------------------------------------------------------------------------------------
 
@@ -264,6 +227,230 @@ class _Driver:
         bounds = np.searchsorted(img[order], np.arange(self.b + 1))
         spans = zip(bounds[:-1], bounds[1:], strict=True)
         return [(boxes[order[a:z]], scores[order[a:z]], points[order[a:z]]) for a, z in spans]
+
+
+class PNetMaps(NamedTuple):
+    """P-Net's output over a batch's pyramid, what the rest of the driver starts from."""
+
+    table: torch.Tensor          # summed-area table of the batch [>= B, H+1, W+1, 3]
+    sizes: np.ndarray            # host [B, 2] (h, w) of the real images
+    hw: torch.Tensor             # device [>= B, 2] (h, w)
+    planes: torch.Tensor         # device [P, 3] (image id, level h, level w)
+    chunk_table: torch.Tensor    # device [C, 5] (_chunk_table)
+    mask: torch.Tensor           # [cells] bool: score >= threshold at a cell the image has
+    feats: torch.Tensor          # [cells, 5] (score, 4 offsets)
+    edges: torch.Tensor          # [sum of chunk sides, 2] window edges (_window_edges)
+
+
+def pnet_maps(pnet: torch.nn.Module, table: torch.Tensor, hw: torch.Tensor, chunks: list[_Chunk],
+              planes: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """All P-Net calls, queued back to back (no host sync, so also capturable in a CUDA graph): for every cell of
+    every plane (chunk, image, row, column order) the threshold test [cells] and (score, 4 offsets) [cells, 5];
+    the chunks' window edges (_window_edges, one table after the other). Kept: ~21 bytes per cell, far below one
+    call's activations."""
+    device, dtype = table.device, next(pnet.parameters()).dtype
+    total = sum(c.cells for c in chunks)
+    mask = torch.empty(total, dtype=torch.bool, device=device)
+    feats = torch.empty((total, 5), dtype=dtype, device=device)
+    edges, a = [], 0
+    for c in chunks:
+        img_ids, lh, lw = planes[c.first:c.last].unbind(1)
+        img_hw = hw[img_ids]
+        zeros = torch.zeros_like(lh)
+        level = area_resize(table, dtype, img_ids, zeros, zeros, img_hw[:, 0], img_hw[:, 1], lh, lw,
+                            c.canvas_h, c.canvas_w)
+        reg, prob = pnet_forward(pnet, level, lh, lw)
+        score = prob[:, 1]                                      # [b, oh, ow]
+        if score.shape[1:] != (c.out_h, c.out_w):
+            raise RuntimeError(f"P-Net output {tuple(score.shape[1:])}, expected {(c.out_h, c.out_w)}")
+        rows_ok = torch.arange(score.shape[1], device=device)[None] < _pnet_cells(lh)[:, None]
+        cols_ok = torch.arange(score.shape[2], device=device)[None] < _pnet_cells(lw)[:, None]
+        ok = (score >= threshold) & rows_ok[:, :, None] & cols_ok[:, None, :]
+        z = a + c.cells
+        mask[a:z] = ok.reshape(-1)
+        out = feats[a:z].view(c.last - c.first, c.out_h, c.out_w, 5)
+        out[..., 0] = score
+        out[..., 1:] = reg.permute(0, 2, 3, 1)
+        edges.append(_window_edges(max(c.out_h, c.out_w), c.scale, reg.dtype, device))
+        a = z
+    return mask, feats, torch.cat(edges)
+
+
+def area_resize(table: torch.Tensor, dtype: torch.dtype, img, top, left, in_h, in_w, out_h, out_w,
+                canvas_h: int, canvas_w: int) -> torch.Tensor:
+    """Normalised [N, 3, canvas_h, canvas_w]: for each n, the rectangle (top, left, in_h, in_w) of image img[n]
+    area-resized to (out_h[n], out_w[n]) as F.interpolate(mode="area") does; zeros beyond (out_h, out_w).
+    `table` is the batch's summed-area table (_integral)."""
+    r0, r1, r_ok = _area_bounds(top, in_h, out_h, canvas_h)     # [N, canvas_h]
+    c0, c1, c_ok = _area_bounds(left, in_w, out_w, canvas_w)    # [N, canvas_w]
+    rows, cols = table.shape[1], table.shape[2]
+    base = (img * rows)[:, None, None]
+    flat = table.view(-1, 3)
+
+    def at(r, c):
+        return flat[((base + r[:, :, None]) * cols + c[:, None, :]).reshape(-1)]
+
+    total = at(r1, c1) - at(r0, c1) - at(r1, c0) + at(r0, c0)
+    count = ((r1 - r0)[:, :, None] * (c1 - c0)[:, None, :]).clamp(min=1)
+    mean = total.view(*count.shape, 3).to(dtype) / count[..., None].to(dtype)
+    out = (mean - _NORM_MEAN) * _NORM_SCALE
+    out = out * (r_ok[:, :, None] & c_ok[:, None, :])[..., None]   # outside the image: 0 (like zero padding)
+    return out.permute(0, 3, 1, 2).contiguous()
+
+
+class FixedCanvasPNet:
+    """The P-Net stage for batches of images up to `side` x `side`, on a fixed canvas per batch bucket, replayed
+    from one CUDA graph per bucket (on CUDA; eager elsewhere, which the CPU tests use).
+
+    Why: P-Net over a pyramid of ~11 scales is ~2,000 small kernels per batch, launched from Python one by one:
+    the detector call was host-bound (75 ms alone for 21 photos, 33 ms of it GPU time; H200,
+    20261201-041142_detector_contention) and, worse, each launch needs the GIL, which a busy folder run holds
+    elsewhere. A replay is one launch.
+    How the plan is made fixed: every image of the bucket is a plane at every scale of a `side` x `side` image
+    (the largest pyramid any image that fits can have), on a canvas of that scale's level size. An image whose
+    own pyramid stops earlier, and the padding slots of the bucket, get a 1 x 1 level there: no P-Net cell at
+    all, so no candidate. Each real plane keeps its own level size (facenet's int(h * scale + 1)), area-resized
+    from the image's own pixels, so every image gets the cells it gets alone; only the canvas (zero padding) is
+    larger, which changes no cell the image has (see pnet_forward). Images are copied into one pinned host canvas
+    and uploaded with one copy; the pixels outside an image are never read (area_resize masks them).
+    Memory: one graph pool shared by the buckets (one replay at a time, outputs consumed before the next).
+    """
+
+    BUCKETS = (1, 2, 4, 8, 16, 32)
+
+    def __init__(self, pnet: torch.nn.Module, side: int, min_face: float, threshold: float, factor: float,
+                 graphs: bool | None = None):
+        self.pnet, self.side = pnet, int(side)
+        self.min_face, self.threshold, self.factor = float(min_face), float(threshold), float(factor)
+        self.device = next(pnet.parameters()).device
+        self.dtype = next(pnet.parameters()).dtype
+        self.graphs = self.device.type == "cuda" if graphs is None else bool(graphs)
+        self.scales = pyramid_scales(self.side, self.min_face, self.factor)
+        self._slots: dict[int, _FixedSlot] = {}
+        self._pool = None
+        self._host: torch.Tensor | None = None          # pinned [bucket, side, side, 3] uint8
+        self._uploaded: torch.cuda.Event | None = None   # the last upload from _host (reused only after it)
+        self.replays = 0
+
+    def fits(self, images: Sequence[np.ndarray]) -> bool:
+        return (0 < len(images) <= self.BUCKETS[-1] and bool(self.scales)
+                and all(img.shape[0] <= self.side and img.shape[1] <= self.side for img in images))
+
+    def __call__(self, images: Sequence[np.ndarray]) -> PNetMaps:
+        n = len(images)
+        bucket = next(b for b in self.BUCKETS if b >= n)
+        slot = self._slots.get(bucket) or self._build(bucket)
+        sizes = np.array([img.shape[:2] for img in images], dtype=np.int64)
+        padded = np.zeros((bucket, 2), np.int64)
+        padded[:n] = sizes
+        host = self._host_canvas(bucket)
+        pixels = host.numpy()
+        for i, img in enumerate(images):                      # the rest of each slot is never read
+            pixels[i, :img.shape[0], :img.shape[1]] = img
+        small = np.concatenate([padded.reshape(-1), self._planes(padded).reshape(-1)])
+        slot.canvas.copy_(host[:bucket], non_blocking=True)
+        slot.small.copy_(_pinned(small), non_blocking=True)
+        if self.device.type == "cuda":
+            self._uploaded = torch.cuda.Event()
+            self._uploaded.record()
+        if slot.graph is not None:
+            slot.graph.replay()
+            self.replays += 1
+        else:
+            slot.outputs = self._compute(slot)
+        table, mask, feats, edges = slot.outputs
+        return PNetMaps(table, sizes, slot.hw, slot.planes, slot.chunk_table, mask, feats, edges)
+
+    def capture_all(self) -> None:
+        """Build (and on CUDA capture) every bucket now rather than at its first batch."""
+        for bucket in self.BUCKETS:
+            if bucket not in self._slots:
+                self._build(bucket)
+
+    # -- plan ----------------------------------------------------------------------------------------------------
+    def _chunks(self, bucket: int) -> list[_Chunk]:
+        """Per scale, the bucket's images on that scale's canvas, in calls of at most PNET_MAX_PIXELS (float32)."""
+        budget = PNET_MAX_PIXELS * 4 // self.dtype.itemsize
+        chunks, n = [], 0
+        for scale in self.scales:
+            level = int(self.side * scale + 1)
+            per_call = max(1, budget // (level * level))
+            for start in range(0, bucket, per_call):
+                k = min(per_call, bucket - start)
+                chunks.append(_Chunk(scale, n, n + k, level, level))
+                n += k
+        return chunks
+
+    def _planes(self, sizes: np.ndarray) -> np.ndarray:
+        """[bucket * scales, 3] (image id, level h, level w) in the fixed chunk order; 1 x 1 where the image's own
+        pyramid has no such scale (or the slot is padding)."""
+        n_scales = np.array([len(pyramid_scales(min(h, w), self.min_face, self.factor)) for h, w in sizes])
+        rows = []
+        for k, scale in enumerate(self.scales):
+            level = (sizes * scale + 1).astype(np.int64)               # facenet's int(h * scale + 1)
+            level[n_scales <= k] = 1
+            rows.append(np.column_stack([np.arange(len(sizes)), level]))
+        return np.concatenate(rows)
+
+    # -- buffers, capture ------------------------------------------------------------------------------------------
+    def _host_canvas(self, bucket: int) -> torch.Tensor:
+        if self._uploaded is not None:
+            self._uploaded.synchronize()            # the previous upload has left the pinned buffer
+        if self._host is None or self._host.shape[0] < bucket:
+            host = torch.zeros((bucket, self.side, self.side, 3), dtype=torch.uint8)
+            self._host = host.pin_memory() if self.device.type == "cuda" else host
+        return self._host
+
+    def _build(self, bucket: int) -> _FixedSlot:
+        chunks = self._chunks(bucket)
+        n_planes = chunks[-1].last
+        slot = _FixedSlot(
+            chunks=chunks,
+            canvas=torch.zeros((bucket, self.side, self.side, 3), dtype=torch.uint8, device=self.device),
+            small=torch.zeros(bucket * 2 + n_planes * 3, dtype=torch.int64, device=self.device),
+            chunk_table=torch.as_tensor(_chunk_table(chunks), device=self.device),
+        )
+        slot.hw = slot.small[:bucket * 2].view(bucket, 2)
+        slot.planes = slot.small[bucket * 2:].view(n_planes, 3)
+        if self.graphs:
+            slot.graph, slot.outputs = self._capture(slot)
+        self._slots[bucket] = slot
+        return slot
+
+    def _compute(self, slot: _FixedSlot):
+        table = _integral(slot.canvas)
+        return (table, *pnet_maps(self.pnet, table, slot.hw, slot.chunks, slot.planes, self.threshold))
+
+    def _capture(self, slot: _FixedSlot):
+        """Warm up on a side stream (cuDNN picks its kernels outside the capture), then capture one call."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        side_stream = torch.cuda.Stream(device=self.device)
+        side_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side_stream):
+            for _ in range(2):
+                self._compute(slot)
+        torch.cuda.current_stream(self.device).wait_stream(side_stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs = self._compute(slot)
+        return graph, outputs
+
+
+class _FixedSlot:
+    """One bucket's static buffers (inputs: canvas, hw and planes; outputs: table, mask, feats, edges) and graph."""
+
+    def __init__(self, chunks: list[_Chunk], canvas: torch.Tensor, small: torch.Tensor, chunk_table: torch.Tensor):
+        self.chunks, self.canvas, self.small, self.chunk_table = chunks, canvas, small, chunk_table
+        self.hw: torch.Tensor
+        self.planes: torch.Tensor
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.outputs: tuple[torch.Tensor, ...] | None = None
+
+
+def _pinned(array: np.ndarray) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(array))
+    return t.pin_memory() if torch.cuda.is_available() else t
 
 
 class _Chunk(NamedTuple):
@@ -311,7 +498,7 @@ def _pyramid_plan(sizes: np.ndarray, scales: list[float], n_scales: np.ndarray,
 
 
 def _chunk_table(chunks: list[_Chunk]) -> np.ndarray:
-    """Per chunk, what decodes a flat cell index (see _Driver._pnet_maps): [C, 5] = (first cell, output h,
+    """Per chunk, what decodes a flat cell index (see pnet_maps): [C, 5] = (first cell, output h,
     output w, first plane, first row of its window-edge table)."""
     cells = np.cumsum([0] + [c.cells for c in chunks[:-1]])
     edges = np.cumsum([0] + [max(c.out_h, c.out_w) for c in chunks[:-1]])
