@@ -13,6 +13,7 @@
 #   benchmarks/h200_session.sh part21  # session 4: bench GPEN-BFR-512 and -256 (~6 min)
 #   benchmarks/h200_session.sh part23  # session 4: pipeline A/B/A with a 20 ms GIL switch interval (favours the op-issuing detector thread) (~2 min)
 #   benchmarks/h200_session.sh part25  # session 5: GPU tests, detector speed / under load / folder throughput with the P-Net from CUDA graphs vs eager (~9 min)
+#   benchmarks/h200_session.sh part26  # session 5: GPU tests (detector, paste, throughput), throughput A/B/A of the one-kernel Triton paste vs PyTorch calls (~5 min)
 #   benchmarks/h200_session.sh part24  # session 5: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
 #   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
@@ -260,7 +261,14 @@ case "${1:-part1}" in
     step "detector under load, P-Net graphs vs eager"
     timeout 150 "$PY" benchmarks/detector_contention.py --ab-pnet-graphs --profile --out "$DEST" 2>&1 | tail -12 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part25" >&2; exit 2 ;;
+  part26)
+    step "GPU tests: detector, paste, throughput"
+    timeout 150 "$PY" -m pytest -q -m gpu tests/test_mtcnn_batched.py tests/test_throughput.py -p no:cacheprovider 2>&1 | tail -8 >> "$LOG"
+    step "throughput: serial, pipeline, A/B/A with the GPU paste in PyTorch calls"
+    timeout 240 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --ab-paste-torch --out "$DEST" 2>&1 | tail -16 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part26" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

@@ -347,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
                          "this checkout's again: A/B/A in the same run")
     ap.add_argument("--ab-pnet-graphs", action="store_true",
                     help="A/B/A in the same run: the detector's P-Net eager instead of from CUDA graphs")
+    ap.add_argument("--ab-paste-torch", action="store_true",
+                    help="A/B/A in the same run: the GPU paste in PyTorch calls instead of one Triton kernel")
     ap.add_argument("--workdir", type=Path, default=None, help="where the folders go (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -484,6 +486,16 @@ def main(argv: list[str] | None = None) -> int:
 
         ab_a("pipeline_pnet_eager", "detector's P-Net eager (no CUDA graphs)", "out_pipeline_pe",
              lambda: set_graphs(False), lambda: set_graphs(kept_graphs))
+    if args.ab_paste_torch:
+        from gpen_tune.throughput import gpu_paste
+
+        kept_paste = gpu_paste.USE_TRITON
+
+        def set_paste(value):
+            gpu_paste.USE_TRITON = value
+
+        ab_a("pipeline_paste_torch", "GPU paste in PyTorch calls (no Triton kernel)", "out_pipeline_pt",
+             lambda: set_paste(False), lambda: set_paste(kept_paste))
     process_detector = None
     if args.ab_detector_process:
         def run_with_process_detector(inputs, out: Path):

@@ -377,9 +377,9 @@ def assert_identical(got, want):
 
 
 def test_fixed_canvas_plan_gives_the_dynamic_drivers_detections():
-    """Five real photos (bucket 8: three padding slots), one too small for most scales and one face cut by the
-    border, on a canvas 40 px larger than the largest: every P-Net cell each image has alone, so the same detections (same networks, same
-    arithmetic; only the zero padding around each image is larger: float rounding at most)."""
+    """Six real photos (bucket 8: two padding slots), one too small for most scales and one face cut by the border,
+    on a canvas 40 px larger than the largest: every P-Net cell each image has alone, so the same detections (same
+    networks, same arithmetic; only the zero padding around each image is larger: float rounding at most)."""
     keys = ("mosaic6_0", "astronaut", "crop", "grace_hopper", "mosaic4_3")
     images = [photo(k) for k in keys] + [np.ascontiguousarray(photo("astronaut")[:60, :90])]
     fixed = fixed_pnet(side=max(max(im.shape[:2]) for im in images) + 40)
@@ -429,13 +429,16 @@ def test_pnet_graph_replays_match_the_eager_driver_on_cuda():
     buckets and repeated batches (graphs replayed, not re-captured), and the detector uses them by default."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+    from gpen_tune.face.detect import shrink_for_detection
+
     cuda_nets = tuple(type(m)().to("cuda").eval() for m in nets())
     fixed = fixed_pnet(graphs=True, pnet=cuda_nets[0])
     keys = ("mosaic6_0", "astronaut", "crop", "grace_hopper", "mosaic4_3")
-    batches = [[photo(k) for k in keys], [photo("astronaut")], [photo(k) for k in keys[::-1]] * 3,
-               [photo(k) for k in keys]]
+    shrunk = [shrink_for_detection(photo(k), fixed.side)[0] for k in keys]     # what the detector passes on
+    batches = [shrunk, [photo("astronaut")], shrunk[::-1] * 3, shrunk]
     for images in batches:
         got = with_fixed(images, fixed, cuda_nets, "cuda")
+        assert fixed.fits(images)
         want = detect_mtcnn_batched(images, *cuda_nets, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS,
                                     MTCNN_PYRAMID_FACTOR, "cuda")
         for g, w in zip(got, want, strict=True):

@@ -388,6 +388,69 @@ def test_device_paste_matches_cpu_paste():
         assert np.abs(want - image).max() > 100                  # the faces did change the picture
 
 
+_TRITON_PASTE = r"""
+import json, sys
+import cv2, numpy as np, torch
+from gpen_tune.face import samples
+from gpen_tune.face.align import alignment, warp_crop
+from gpen_tune.face.detect import init_detector
+from gpen_tune.face.paste import PasteFace, face_mask, paste_faces, soften
+from gpen_tune.throughput import gpu_paste, paste_triton
+from gpen_tune.throughput.gpu_paste import DeviceFace, paste_faces_device
+
+full = samples.mosaic(4, 3)
+det = init_detector("mtcnn", device="cpu")
+(dets,) = det.detect([full])
+k, size = 0.2, 24                       # small: the interpreter runs every program of the kernel in numpy
+image = cv2.resize(full, None, fx=k, fy=k, interpolation=cv2.INTER_AREA)
+cpu_faces, dev_faces = [], []
+for i, d in enumerate(dets):
+    for shift in (0.0, 2.5):            # a second, overlapping face per detection: the larger mask must win
+        affine, inverse = alignment(d.landmarks * k + shift, size, "gpen")
+        restored = 255 - warp_crop(image, affine, size)
+        small = i == 0                  # one softened face (upstream's small-face rule) on the kernel path too
+        cpu_faces.append(PasteFace(soften(restored) if small else restored, inverse, None))
+        dev_faces.append(DeviceFace(torch.from_numpy(restored), inverse, face_mask(size), soften=small))
+res = {"faces": len(dev_faces), "available": paste_triton.available(torch.device("cpu"))}
+for case, pick in (("apart", slice(0, None, 2)), ("overlapping", slice(None))):
+    for strength in (1.0, 0.6):
+        want = paste_faces(image, cpu_faces[pick], strength).astype(int)
+        got = paste_faces_device(image, dev_faces[pick], strength).astype(int)
+        gpu_paste.USE_TRITON = False
+        torch_path = paste_faces_device(image, dev_faces[pick], strength).astype(int)
+        gpu_paste.USE_TRITON = True
+        res[f"{case} {strength}"] = {
+            "vs_cpu_max": int(np.abs(want - got).max()), "vs_torch_max": int(np.abs(torch_path - got).max()),
+            "vs_cpu_over_2": float((np.abs(want - got).max(-1) > 2).mean()),
+            "vs_torch_over_2": float((np.abs(torch_path - got).max(-1) > 2).mean()),
+            "changed": int(np.abs(want - image).max())}
+print("RESULT" + json.dumps(res))
+"""
+
+
+def test_triton_paste_matches_the_cpu_paste_in_interpreter():
+    """The one-kernel GPU paste (Triton, run by its CPU interpreter) against the CPU paste and the PyTorch
+    device paste: overlapping faces (the larger mask wins), a softened face, strength 1 and 0.6."""
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
+    proc = subprocess.run([sys.executable, "-c", _TRITON_PASTE], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=root)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
+    assert line, f"interpreter run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    import json
+
+    res = json.loads(line[len("RESULT"):])
+    assert res["available"] and res["faces"] >= 8, res
+    for strength in ("1.0", "0.6"):
+        apart, overlapping = res[f"apart {strength}"], res[f"overlapping {strength}"]
+        assert apart["changed"] > 100 and overlapping["changed"] > 100, res   # the faces did change the picture
+        assert apart["vs_cpu_max"] <= TOLERANCE and apart["vs_torch_max"] <= TOLERANCE, res
+        # where two faces' masks are equal to float rounding, either may win (all three versions round sampling
+        # positions differently): a few pixels on that curve; a wrong winner rule would change whole overlaps
+        assert overlapping["vs_cpu_over_2"] < 0.002 and overlapping["vs_torch_over_2"] < 0.002, res
+
+
 def test_uint8_conversion_is_the_serial_one(enhancer):
     crops = list(samples.aligned_face_crops(enhancer.size, 4))
     want = enhancer.restore_crops(crops)
@@ -419,6 +482,44 @@ def test_cuda_pinned_path_equals_serial_restore():
     face = DeviceFace(first.device_out[0], np.array([[2.0, 0, 100], [0, 2.0, 80]]),
                       np.ones((64, 64), np.float32))
     assert paste_faces_device(image, [face]).shape == image.shape
+
+
+@pytest.mark.gpu
+def test_cuda_triton_paste_matches_the_torch_paste():
+    """On CUDA: the one-kernel paste against the PyTorch device paste and the CPU paste on a real mosaic with
+    512-px crops (GPEN-512's), faces apart: within the pipeline's tolerance."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from gpen_tune.face.align import alignment, warp_crop
+    from gpen_tune.face.detect import init_detector
+    from gpen_tune.face.paste import PasteFace, face_mask, paste_faces
+    from gpen_tune.throughput import gpu_paste, paste_triton
+    from gpen_tune.throughput.gpu_paste import DeviceFace, paste_faces_device
+
+    if not paste_triton.available(torch.device("cuda")):
+        pytest.skip("needs Triton")
+    image = cv2.resize(samples.mosaic(6, 3), None, fx=1.5, fy=1.5)
+    det = init_detector("mtcnn", device="cuda")
+    (dets,) = det.detect([image])
+    det.close()
+    assert len(dets) >= 5
+    cpu_faces, dev_faces = [], []
+    for d in dets:
+        affine, inverse = alignment(d.landmarks, 512, "gpen")
+        restored = 255 - warp_crop(image, affine, 512)
+        cpu_faces.append(PasteFace(restored, inverse, None))
+        dev_faces.append(DeviceFace(torch.from_numpy(restored).cuda(), inverse, face_mask(512)))
+    for strength in (1.0, 0.6):
+        got = paste_faces_device(image, dev_faces, strength).astype(int)
+        gpu_paste.USE_TRITON = False
+        try:
+            torch_path = paste_faces_device(image, dev_faces, strength).astype(int)
+        finally:
+            gpu_paste.USE_TRITON = True
+        want = paste_faces(image, cpu_faces, strength).astype(int)
+        assert np.abs(got - torch_path).max() <= TOLERANCE
+        assert np.abs(got - want).max() <= TOLERANCE and (got != want).mean() < 0.01
+        assert np.abs(want - image).max() > 100
 
 
 @pytest.mark.gpu

@@ -12,12 +12,16 @@ not; see tests/test_throughput.py). Runs on any torch device, so the CPU tests c
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from gpen_tune.throughput import paste_triton
 
 SMOOTH = torch.tensor([[1.0, 2.0, 1.0], [2.0, 4.0, 2.0], [1.0, 2.0, 1.0]]) / 16.0
 
@@ -65,10 +69,16 @@ def _soften(face: torch.Tensor) -> torch.Tensor:
     return y.round().clamp(0, 255).to(torch.uint8).squeeze(1).permute(1, 2, 0)
 
 
+# GPEN_TUNE_PASTE=torch: the PyTorch version even where the Triton kernel could run (A/B measurements)
+USE_TRITON = os.environ.get("GPEN_TUNE_PASTE", "") != "torch"
+
+
 @torch.inference_mode()
 def paste_faces_device(base: np.ndarray, faces: Sequence[DeviceFace], strength: float = 1.0,
                        device: torch.device | str | None = None) -> np.ndarray:
-    """A copy of `base` [H,W,3] uint8 with the faces pasted, computed on `device` (default: the faces' device)."""
+    """A copy of `base` [H,W,3] uint8 with the faces pasted, computed on `device` (default: the faces' device).
+
+    On CUDA with Triton: one kernel for all faces (`paste_triton`); else the PyTorch version below."""
     out = base.copy()
     if strength <= 0 or not faces:
         return out
@@ -86,7 +96,12 @@ def paste_faces_device(base: np.ndarray, faces: Sequence[DeviceFace], strength: 
     src = torch.from_numpy(np.ascontiguousarray(base[uy0:uy1, ux0:ux1]))
     if dev.type == "cuda":
         src = src.pin_memory()
-    bg = src.to(dev, non_blocking=True).float()                             # [h,w,3] input pixels
+    src = src.to(dev, non_blocking=True)                                    # [h,w,3] input pixels, uint8
+    kept = [(f, r) for f, r in zip(faces, rois, strict=True) if r is not None]
+    if USE_TRITON and paste_triton.available(dev) and len({f.restored.shape for f, _ in kept}) == 1:
+        out[uy0:uy1, ux0:ux1] = _paste_triton(src, kept, (ux0, uy0), strength, dev).cpu().numpy()
+        return out
+    bg = src.float()
     canvas = bg.clone()
     best = torch.zeros(bg.shape[:2], device=dev)                            # largest mask so far per pixel
     for face, roi in zip(faces, rois, strict=True):
@@ -97,8 +112,7 @@ def paste_faces_device(base: np.ndarray, faces: Sequence[DeviceFace], strength: 
         crop = _soften(face.restored.to(dev)) if face.soften else face.restored.to(dev)
         pixels = F.grid_sample(crop.permute(2, 0, 1).unsqueeze(0).float(), grid, mode="bilinear",
                                padding_mode="border", align_corners=True)[0].permute(1, 2, 0)
-        mask = face.mask if isinstance(face.mask, torch.Tensor) else torch.from_numpy(np.array(face.mask, np.float32))
-        mask = mask.to(dev).float()
+        mask = _device_mask(face.mask, dev)
         m = F.grid_sample(mask[None, None], grid, mode="bilinear", padding_mode="zeros",
                           align_corners=True)[0, 0] * strength
         x0, y0, x1, y1 = roi[0] - ux0, roi[1] - uy0, roi[2] - ux0, roi[3] - uy0
@@ -112,3 +126,49 @@ def paste_faces_device(base: np.ndarray, faces: Sequence[DeviceFace], strength: 
     result = canvas.to(torch.uint8).cpu().numpy()
     out[uy0:uy1, ux0:ux1] = result
     return out
+
+
+def _paste_triton(src: torch.Tensor, kept: list[tuple[DeviceFace, tuple[int, int, int, int]]],
+                  origin: tuple[int, int], strength: float, dev: torch.device) -> torch.Tensor:
+    """The union box pasted by one kernel: crops stacked, masks shared when they are one array, and each face's
+    image->crop affine moved to box coordinates (in float64 before the float32 cast)."""
+    ux0, uy0 = origin
+    crops = torch.stack([_soften(f.restored.to(dev)) if f.soften else f.restored.to(dev) for f, _ in kept])
+    masks = [f.mask for f, _ in kept]
+    if all(m is masks[0] for m in masks):
+        mask = _device_mask(masks[0], dev)[None]
+    else:
+        mask = torch.stack([_device_mask(m, dev) for m in masks])
+    coefs = np.empty((len(kept), 6), np.float64)
+    rois = np.empty((len(kept), 4), np.int32)
+    for i, (face, roi) in enumerate(kept):
+        a = _forward(face.inverse)
+        coefs[i] = [a[0, 0], a[0, 1], a[0, 0] * ux0 + a[0, 1] * uy0 + a[0, 2],
+                    a[1, 0], a[1, 1], a[1, 0] * ux0 + a[1, 1] * uy0 + a[1, 2]]
+        rois[i] = [roi[0] - ux0, roi[1] - uy0, roi[2] - ux0, roi[3] - uy0]
+    return paste_triton.paste_union(src, crops, mask, _small_upload(coefs.astype(np.float32), dev),
+                                    _small_upload(rois, dev), strength)
+
+
+def _small_upload(array: np.ndarray, dev: torch.device) -> torch.Tensor:
+    t = torch.from_numpy(np.ascontiguousarray(array))
+    return t.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else t.to(dev)
+
+
+_masks: dict[tuple[int, str], tuple[object, torch.Tensor]] = {}
+_masks_lock = threading.Lock()
+
+
+def _device_mask(mask: np.ndarray | torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A paste mask as float32 on `dev`; read-only host masks (face_mask's cached ones) are uploaded once per
+    device, not once per face (a pageable upload blocks the calling thread)."""
+    if isinstance(mask, torch.Tensor):
+        return mask.to(dev).float()
+    if mask.flags.writeable:
+        return torch.from_numpy(np.array(mask, np.float32)).to(dev)
+    key = (id(mask), str(dev))
+    with _masks_lock:
+        hit = _masks.get(key)
+        if hit is None or hit[0] is not mask:
+            hit = _masks[key] = (mask, torch.from_numpy(np.array(mask, np.float32)).to(dev))
+        return hit[1]

@@ -59,6 +59,10 @@ class EnhancerStages:
                 _install_detector_thread(enhancer)
         if enhancer.settings.parse_mask and not enhancer.settings.aligned and enhancer.settings.strength > 0:
             _ = enhancer.parser
+        if self.device_paste_possible:
+            from gpen_tune.throughput import paste_triton
+
+            paste_triton.warm_up(enhancer.device)        # compile the paste kernel before the workers need it
 
     @property
     def device_paste_possible(self) -> bool:
