@@ -14,6 +14,7 @@
 #   benchmarks/h200_session.sh part23  # session 4: pipeline A/B/A with a 20 ms GIL switch interval (favours the op-issuing detector thread) (~2 min)
 #   benchmarks/h200_session.sh part25  # session 5: GPU tests, detector speed / under load / folder throughput with the P-Net from CUDA graphs vs eager (~9 min)
 #   benchmarks/h200_session.sh part26  # session 5: GPU tests (detector, paste, throughput), throughput A/B/A of the one-kernel Triton paste vs PyTorch calls (~5 min)
+#   benchmarks/h200_session.sh part27  # session 5: GIL profile of a pipeline run; pipeline with 24 prepare / 12 finish threads (~4 min)
 #   benchmarks/h200_session.sh part24  # session 5: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
 #   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
@@ -268,7 +269,25 @@ case "${1:-part1}" in
     timeout 240 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --ab-paste-torch --out "$DEST" 2>&1 | tail -16 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part26" >&2; exit 2 ;;
+  part27)
+    step "where the GIL goes in a pipeline run now (py-spy --gil, raw stacks; P-Net graphs, Triton paste)"
+    if command -v py-spy >/dev/null; then
+      CMD="py-spy record --gil --threads --rate 250 --format raw -o pyspy_gil_pipeline.txt -- python3 benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 --skip-serial"
+      timeout 120 py-spy record --gil --threads --rate 250 --format raw -o "$DEST/pyspy_gil_pipeline.txt" -- \
+        "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 --skip-serial \
+        --out "$DEST/pyspy_run" 2>&1 | tail -8 >> "$LOG"
+      "$PY" benchmarks/gil_summary.py "$DEST/pyspy_gil_pipeline.txt" --command "$CMD (benchmarks/h200_session.sh part27)" \
+        --rate 250 --note "session 5: P-Net CUDA graphs, one-kernel paste" -o "$DEST/$(date -u +%Y%m%d-%H%M)_gil_profile.json" >> "$LOG" 2>&1
+      rm -f "$DEST/pyspy_gil_pipeline.txt"
+    else echo "py-spy not installed" >> "$LOG"; fi
+    step "pipeline with 24 prepare threads"
+    timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --skip-serial --prepare-workers 24 --out "$DEST" 2>&1 | tail -9 >> "$LOG"
+    step "pipeline with 12 finish threads"
+    timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --skip-serial --workers 12 --out "$DEST" 2>&1 | tail -9 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part27" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"
