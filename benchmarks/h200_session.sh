@@ -15,6 +15,7 @@
 #   benchmarks/h200_session.sh part25  # session 5: GPU tests, detector speed / under load / folder throughput with the P-Net from CUDA graphs vs eager (~9 min)
 #   benchmarks/h200_session.sh part26  # session 5: GPU tests (detector, paste, throughput), throughput A/B/A of the one-kernel Triton paste vs PyTorch calls (~5 min)
 #   benchmarks/h200_session.sh part27  # session 5: GIL profile of a pipeline run; pipeline with 24 prepare / 12 finish threads (~4 min)
+#   benchmarks/h200_session.sh part28  # session 5: pipeline A/B/A: GPU paste at every size; detector stream priority (~3 min)
 #   benchmarks/h200_session.sh part24  # session 5: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
 #   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
@@ -287,7 +288,15 @@ case "${1:-part1}" in
     timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --workers 12 --out "$DEST" 2>&1 | tail -9 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part27" >&2; exit 2 ;;
+  part28)
+    step "pipeline A/B/A: GPU paste for every image size (--paste gpu) vs auto (GPU from 2 MP)"
+    timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --skip-serial --ab-paste gpu --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    step "pipeline A/B/A: detector stream at high priority (P-Net graphs now)"
+    timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --skip-serial --ab-detector-priority --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part28" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

@@ -349,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="A/B/A in the same run: the detector's P-Net eager instead of from CUDA graphs")
     ap.add_argument("--ab-paste-torch", action="store_true",
                     help="A/B/A in the same run: the GPU paste in PyTorch calls instead of one Triton kernel")
+    ap.add_argument("--ab-paste", default=None, choices=("auto", "cpu", "gpu"),
+                    help="A/B/A in the same run: the pipeline with this --paste instead")
     ap.add_argument("--workdir", type=Path, default=None, help="where the folders go (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -496,6 +498,14 @@ def main(argv: list[str] | None = None) -> int:
 
         ab_a("pipeline_paste_torch", "GPU paste in PyTorch calls (no Triton kernel)", "out_pipeline_pt",
              lambda: set_paste(False), lambda: set_paste(kept_paste))
+    if args.ab_paste:
+        kept_mode = args.paste
+
+        def set_mode(value):
+            args.paste = value
+
+        ab_a(f"pipeline_paste_{args.ab_paste}", f"--paste {args.ab_paste}", "out_pipeline_pm",
+             lambda: set_mode(args.ab_paste), lambda: set_mode(kept_mode))
     process_detector = None
     if args.ab_detector_process:
         def run_with_process_detector(inputs, out: Path):
