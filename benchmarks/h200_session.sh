@@ -16,6 +16,7 @@
 #   benchmarks/h200_session.sh part26  # session 5: GPU tests (detector, paste, throughput), throughput A/B/A of the one-kernel Triton paste vs PyTorch calls (~5 min)
 #   benchmarks/h200_session.sh part27  # session 5: GIL profile of a pipeline run; pipeline with 24 prepare / 12 finish threads (~4 min)
 #   benchmarks/h200_session.sh part28  # session 5: pipeline A/B/A: GPU paste at every size; detector stream priority (~3 min)
+#   benchmarks/h200_session.sh part29  # session 5: GPU tests, detector alone and folder A/B/A: Triton area resize vs PyTorch calls (~6 min)
 #   benchmarks/h200_session.sh part24  # session 5: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
 #   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
@@ -296,7 +297,19 @@ case "${1:-part1}" in
     timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-detector-priority --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part28" >&2; exit 2 ;;
+  part29)
+    step "GPU tests: detector, paste, throughput"
+    timeout 150 "$PY" -m pytest -q -m gpu tests/test_mtcnn_batched.py tests/test_throughput.py -p no:cacheprovider 2>&1 | tail -8 >> "$LOG"
+    step "detector speed alone: area resize as one Triton kernel (default) / in PyTorch calls (GPEN_TUNE_AREA=torch)"
+    timeout 60 "$PY" benchmarks/detector_speed.py --device cuda --batch 8,21,32 --repeats 5 --kinds mixed \
+      --skip-facenet --out "$DEST" 2>&1 | tail -7 >> "$LOG"
+    GPEN_TUNE_AREA=torch timeout 60 "$PY" benchmarks/detector_speed.py --device cuda --batch 8,21,32 --repeats 5 \
+      --kinds mixed --skip-facenet --out "$DEST" 2>&1 | tail -7 >> "$LOG"
+    step "throughput: serial, pipeline (GPU paste at every size now), A/B/A with the area resize in PyTorch calls"
+    timeout 240 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --ab-area-torch --out "$DEST" 2>&1 | tail -16 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part29" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

@@ -351,6 +351,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="A/B/A in the same run: the GPU paste in PyTorch calls instead of one Triton kernel")
     ap.add_argument("--ab-paste", default=None, choices=("auto", "cpu", "gpu"),
                     help="A/B/A in the same run: the pipeline with this --paste instead")
+    ap.add_argument("--ab-area-torch", action="store_true",
+                    help="A/B/A in the same run: the detector's area resize in PyTorch calls instead of one Triton "
+                         "kernel (P-Net graphs re-captured before each timed run)")
     ap.add_argument("--workdir", type=Path, default=None, help="where the folders go (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -506,6 +509,18 @@ def main(argv: list[str] | None = None) -> int:
 
         ab_a(f"pipeline_paste_{args.ab_paste}", f"--paste {args.ab_paste}", "out_pipeline_pm",
              lambda: set_mode(args.ab_paste), lambda: set_mode(kept_mode))
+    if args.ab_area_torch:
+        from gpen_tune.face import area_triton
+
+        mtcnn = getattr(server, "_inner", server)
+
+        def set_area(value):
+            area_triton.USE_TRITON = value
+            mtcnn._fixed = None                # the P-Net graphs hold the kernels they were captured with
+            mtcnn.capture_graphs()
+
+        ab_a("pipeline_area_torch", "detector's area resize in PyTorch calls", "out_pipeline_at",
+             lambda: set_area(False), lambda: set_area(True))
     process_detector = None
     if args.ab_detector_process:
         def run_with_process_detector(inputs, out: Path):

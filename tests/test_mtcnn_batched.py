@@ -449,3 +449,88 @@ def test_pnet_graph_replays_match_the_eager_driver_on_cuda():
     assert det.uses_pnet_graphs == (torch.cuda.get_device_properties(0).total_memory >= 12 * 2**30)
     found = det.detect([photo(k) for k in keys])
     assert [len(f) for f in found] == [int((reference(k)[1] >= DEFAULT_THRESHOLD).sum()) for k in keys]
+
+
+_AREA_TRITON = r"""
+import json, sys
+import cv2, numpy as np, torch
+from gpen_tune.face import area_triton, samples
+from gpen_tune.face import mtcnn_batched as mb
+from gpen_tune.face.detect import MTCNN_MIN_FACE, MTCNN_PYRAMID_FACTOR, MTCNN_STAGE_THRESHOLDS
+from facenet_pytorch.models.mtcnn import ONet, PNet, RNet
+
+imgs = [cv2.resize(samples.astronaut(), (200, 200), interpolation=cv2.INTER_AREA),
+        cv2.resize(samples.mosaic(4, 3), (260, 230), interpolation=cv2.INTER_AREA)]
+canvas, sizes = mb._upload(imgs, torch.device("cpu"))
+table = mb._integral(canvas)
+planes = torch.tensor([[0, 150, 150], [1, 113, 131], [0, 1, 1], [1, 30, 21]])    # strided columns, as P-Net's
+img, lh, lw = planes.unbind(1)
+hw = torch.as_tensor(sizes)[img]
+zeros = torch.zeros_like(lh)
+boxes = torch.tensor([[10, 5, 100, 120], [0, 100, 200, 129], [150, 0, 1, 5], [37, 3, 77, 9]])
+full = torch.full((4,), 24)
+cases = {"levels": (img, zeros, zeros, hw[:, 0], hw[:, 1], lh, lw, 152, 152),
+         "crops": (img, boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3], full, full, 24, 24)}
+res = {"applies": area_triton.applies(table, torch.float32)}
+for name, case in cases.items():
+    got = mb.area_resize(table, torch.float32, *case)
+    area_triton.USE_TRITON = False
+    want = mb.area_resize(table, torch.float32, *case)
+    area_triton.USE_TRITON = True
+    res[name] = bool(torch.equal(got, want)) and bool((want != 0).any())
+nets = [n().eval() for n in (PNet, RNet, ONet)]
+args = (MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS, MTCNN_PYRAMID_FACTOR, "cpu")
+got = mb.detect_mtcnn_batched(imgs, *nets, *args)
+area_triton.USE_TRITON = False
+want = mb.detect_mtcnn_batched(imgs, *nets, *args)
+res["faces"] = [int((s >= 0.9).sum()) for _, s, _ in got]
+res["detections_equal"] = all(np.array_equal(a, b) for g, w in zip(got, want) for a, b in zip(g, w))
+print("RESULT" + json.dumps(res))
+"""
+
+
+def test_triton_area_resize_is_bit_identical_in_interpreter():
+    """The detector's area resize as one Triton kernel (Triton's CPU interpreter) against the PyTorch version:
+    the same bits for pyramid levels and box crops (strided index vectors, a 1 x 1 level, a 1-px-wide box), and
+    the same detections through the whole driver on two small real photos."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
+    proc = subprocess.run([sys.executable, "-c", _AREA_TRITON], capture_output=True, text=True, env=env,
+                          timeout=600, cwd=root)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
+    assert line, f"interpreter run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    res = json.loads(line[len("RESULT"):])
+    assert res["applies"] and res["levels"] and res["crops"], res
+    assert res["detections_equal"] and sum(res["faces"]) >= 3, res
+
+
+@pytest.mark.gpu
+def test_cuda_triton_area_resize_is_bit_identical():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from gpen_tune.face import area_triton
+    from gpen_tune.face import mtcnn_batched as mb
+
+    canvas, sizes = mb._upload([photo("mosaic6_0"), photo("astronaut")], torch.device("cuda"))
+    table = mb._integral(canvas)
+    if not area_triton.applies(table, torch.float32):
+        pytest.skip("needs Triton")
+    planes = torch.tensor([[0, 700, 1050], [1, 308, 308], [1, 1, 1]], device="cuda")
+    img, lh, lw = planes.unbind(1)
+    hw = torch.as_tensor(sizes, device="cuda")[img]
+    zeros = torch.zeros_like(lh)
+    case = (img, zeros, zeros, hw[:, 0], hw[:, 1], lh, lw, 704, 1056)
+    got = mb.area_resize(table, torch.float32, *case)
+    area_triton.USE_TRITON = False
+    try:
+        want = mb.area_resize(table, torch.float32, *case)
+    finally:
+        area_triton.USE_TRITON = True
+    assert torch.equal(got, want) and bool((want != 0).any())

@@ -280,7 +280,12 @@ def area_resize(table: torch.Tensor, dtype: torch.dtype, img, top, left, in_h, i
                 canvas_h: int, canvas_w: int) -> torch.Tensor:
     """Normalised [N, 3, canvas_h, canvas_w]: for each n, the rectangle (top, left, in_h, in_w) of image img[n]
     area-resized to (out_h[n], out_w[n]) as F.interpolate(mode="area") does; zeros beyond (out_h, out_w).
-    `table` is the batch's summed-area table (_integral)."""
+    `table` is the batch's summed-area table (_integral). On CUDA one Triton kernel (`area_triton`, same bits)."""
+    from gpen_tune.face import area_triton
+
+    if area_triton.applies(table, dtype):
+        return area_triton.area_resize(table, img, top, left, in_h, in_w, out_h, out_w, canvas_h, canvas_w,
+                                       _NORM_MEAN, _NORM_SCALE)
     r0, r1, r_ok = _area_bounds(top, in_h, out_h, canvas_h)     # [N, canvas_h]
     c0, c1, c_ok = _area_bounds(left, in_w, out_w, canvas_w)    # [N, canvas_w]
     rows, cols = table.shape[1], table.shape[2]

@@ -3,8 +3,9 @@
 The serial driver `enhance_paths` calls `Enhancer.prepare / restore / finish / write` on a few images at a time;
 here the same calls run one image at a time in worker threads, and the restore step is replaced by the runner's
 cross-image batches (same tensors in, same conversion out). Output names come from the same `OutputNaming`.
-Paste-back runs on the GPU (`gpu_paste.paste_faces_device`) for large 8-bit images when the generator is on
-CUDA and the default feathered mask is used; everything else uses the CPU paste of the face part.
+Paste-back runs on the GPU (`gpu_paste.paste_faces_device`) for 8-bit images when the generator is on CUDA and
+the default feathered mask is used (every size with the one-kernel Triton paste, else from GPU_PASTE_MIN_PIXELS);
+everything else uses the CPU paste of the face part.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ class EnhancerStages:
         enhancer: a built Enhancer (its detector is created here, before the worker threads start).
         naming: where outputs go (`OutputNaming`, as the serial driver).
         stems: output stem per input index (default: each input's stem).
-        paste: "auto" (GPU for frames >= GPU_PASTE_MIN_PIXELS on CUDA), "cpu" or "gpu".
+        paste: "auto" (GPU on CUDA: every frame with the Triton paste, else frames >= GPU_PASTE_MIN_PIXELS),
+            "cpu" or "gpu".
         save_faces / save_comparison: the serial driver's extra outputs.
         detector_process: run the detector in a process of its own (`detect_process.ProcessDetector`, opt-in:
             not faster on an H200 without MPS) instead of a thread of this one; refused with a lazy detector.
@@ -130,7 +132,15 @@ class EnhancerStages:
         if not self.device_paste_possible or not job.faces or job.picture.bits != 8:
             return False
         w, h = job.picture.size
-        return self.paste == "gpu" or w * h >= GPU_PASTE_MIN_PIXELS
+        return self.paste == "gpu" or self._one_kernel_paste or w * h >= GPU_PASTE_MIN_PIXELS
+
+    @property
+    def _one_kernel_paste(self) -> bool:
+        """auto: with the one-kernel Triton paste the GPU pastes every size (H200 A/B/A, 20261201-044008:
+        459 vs 391/439 faces/s); GPU_PASTE_MIN_PIXELS is for the PyTorch version's per-call costs."""
+        from gpen_tune.throughput import gpu_paste, paste_triton
+
+        return gpu_paste.USE_TRITON and paste_triton.available(self.enhancer.device)
 
     def _finish_on_device(self, job: Any, restored_device: list[Any]) -> None:
         import time
