@@ -17,6 +17,7 @@
 #   benchmarks/h200_session.sh part27  # session 5: GIL profile of a pipeline run; pipeline with 24 prepare / 12 finish threads (~4 min)
 #   benchmarks/h200_session.sh part28  # session 5: pipeline A/B/A: GPU paste at every size; detector stream priority (~3 min)
 #   benchmarks/h200_session.sh part29  # session 5: GPU tests, detector alone and folder A/B/A: Triton area resize vs PyTorch calls (~6 min)
+#   benchmarks/h200_session.sh part30  # session 5: pipeline A/B/A with a 0.05 ms GIL switch interval; detector under every load (~4 min)
 #   benchmarks/h200_session.sh part24  # session 5: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
 #   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
@@ -309,7 +310,14 @@ case "${1:-part1}" in
     timeout 240 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --ab-area-torch --out "$DEST" 2>&1 | tail -16 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part29" >&2; exit 2 ;;
+  part30)
+    step "pipeline A/B/A: GIL switch interval 0.05 ms (default 0.2)"
+    timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --skip-serial --ab-switch-interval 0.00005 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    step "detector under load (graphs, Triton area resize), all conditions"
+    timeout 150 "$PY" benchmarks/detector_contention.py --full --out "$DEST" 2>&1 | tail -12 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part30" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"
