@@ -18,6 +18,7 @@
 #   benchmarks/h200_session.sh part28  # session 5: pipeline A/B/A: GPU paste at every size; detector stream priority (~3 min)
 #   benchmarks/h200_session.sh part29  # session 5: GPU tests, detector alone and folder A/B/A: Triton area resize vs PyTorch calls (~6 min)
 #   benchmarks/h200_session.sh part30  # session 5: pipeline A/B/A with a 0.05 ms GIL switch interval; detector under every load (~4 min)
+#   benchmarks/h200_session.sh part31  # session 5: pipeline A/B/A with 64-image detector calls; 1,024-photo folder (~4 min)
 #   benchmarks/h200_session.sh part24  # session 5: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
 #   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
@@ -317,7 +318,15 @@ case "${1:-part1}" in
     step "detector under load (graphs, Triton area resize), all conditions"
     timeout 150 "$PY" benchmarks/detector_contention.py --full --out "$DEST" 2>&1 | tail -12 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part30" >&2; exit 2 ;;
+  part31)
+    step "pipeline A/B/A: 64 images per detector call and 64 prepare threads (default 32 / 48)"
+    timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --skip-serial --ab-detector-batch 64 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    step "steady state: a folder of 1,024 photos, pipeline only"
+    timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part31" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

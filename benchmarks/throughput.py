@@ -354,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ab-area-torch", action="store_true",
                     help="A/B/A in the same run: the detector's area resize in PyTorch calls instead of one Triton "
                          "kernel (P-Net graphs re-captured before each timed run)")
+    ap.add_argument("--ab-detector-batch", type=int, default=None, metavar="N",
+                    help="A/B/A in the same run: up to N images per detector call and N prepare threads (P-Net "
+                         "graphs captured up to N before the timed run)")
     ap.add_argument("--workdir", type=Path, default=None, help="where the folders go (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -521,6 +524,18 @@ def main(argv: list[str] | None = None) -> int:
 
         ab_a("pipeline_area_torch", "detector's area resize in PyTorch calls", "out_pipeline_at",
              lambda: set_area(False), lambda: set_area(True))
+    if args.ab_detector_batch:
+        mtcnn = getattr(server, "_inner", server)
+        kept_det = (mtcnn.max_batch, server._max_images, args.prepare_workers)
+
+        def set_det_batch(n, images, threads):
+            mtcnn.max_batch, server._max_images, args.prepare_workers = n, images, threads
+            mtcnn._fixed = None
+            mtcnn.capture_graphs()
+
+        n = args.ab_detector_batch
+        ab_a(f"pipeline_detector_batch_{n}", f"up to {n} images per detector call, {n} prepare threads",
+             "out_pipeline_db", lambda: set_det_batch(n, n, n), lambda: set_det_batch(*kept_det))
     process_detector = None
     if args.ab_detector_process:
         def run_with_process_detector(inputs, out: Path):

@@ -407,7 +407,8 @@ def test_fixed_canvas_falls_back_for_what_it_cannot_hold():
     big = [photo("grace_hopper")]                    # 600 x 512: taller than 512
     assert not fixed.fits(big)
     assert_identical(with_fixed(big, fixed), batched(big))
-    assert not fixed.fits([photo("astronaut")] * (fixed.BUCKETS[-1] + 1))
+    assert not fixed.fits([photo("astronaut")] * (fixed.buckets[-1] + 1))
+    assert fixed.buckets == (1, 2, 4, 8, 16, 32) and fixed_pnet().buckets[-1] == 32
     assert fixed._slots == {}                        # nothing was built for them
 
 

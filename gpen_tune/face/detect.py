@@ -250,7 +250,7 @@ class MTCNNDetector(FaceDetector):
 
         if self._fixed is None:
             self._fixed = FixedCanvasPNet(self.pnet, self.det_size, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS[0],
-                                          MTCNN_PYRAMID_FACTOR)
+                                          MTCNN_PYRAMID_FACTOR, max_batch=self.max_batch)
         return self._fixed
 
     def _detect_batch(self, batch):

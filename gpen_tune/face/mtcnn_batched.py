@@ -321,10 +321,11 @@ class FixedCanvasPNet:
     Memory: one graph pool shared by the buckets (one replay at a time, outputs consumed before the next).
     """
 
-    BUCKETS = (1, 2, 4, 8, 16, 32)
+    BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
     def __init__(self, pnet: torch.nn.Module, side: int, min_face: float, threshold: float, factor: float,
-                 graphs: bool | None = None):
+                 graphs: bool | None = None, max_batch: int = 32):
+        self.buckets = tuple(b for b in self.BUCKETS if b < max_batch) + (int(max_batch),)
         self.pnet, self.side = pnet, int(side)
         self.min_face, self.threshold, self.factor = float(min_face), float(threshold), float(factor)
         self.device = next(pnet.parameters()).device
@@ -338,12 +339,12 @@ class FixedCanvasPNet:
         self.replays = 0
 
     def fits(self, images: Sequence[np.ndarray]) -> bool:
-        return (0 < len(images) <= self.BUCKETS[-1] and bool(self.scales)
+        return (0 < len(images) <= self.buckets[-1] and bool(self.scales)
                 and all(img.shape[0] <= self.side and img.shape[1] <= self.side for img in images))
 
     def __call__(self, images: Sequence[np.ndarray]) -> PNetMaps:
         n = len(images)
-        bucket = next(b for b in self.BUCKETS if b >= n)
+        bucket = next(b for b in self.buckets if b >= n)
         slot = self._slots.get(bucket) or self._build(bucket)
         sizes = np.array([img.shape[:2] for img in images], dtype=np.int64)
         padded = np.zeros((bucket, 2), np.int64)
@@ -368,7 +369,7 @@ class FixedCanvasPNet:
 
     def capture_all(self) -> None:
         """Build (and on CUDA capture) every bucket now rather than at its first batch."""
-        for bucket in self.BUCKETS:
+        for bucket in self.buckets:
             if bucket not in self._slots:
                 self._build(bucket)
 
