@@ -19,6 +19,7 @@
 #   benchmarks/h200_session.sh part29  # session 5: GPU tests, detector alone and folder A/B/A: Triton area resize vs PyTorch calls (~6 min)
 #   benchmarks/h200_session.sh part30  # session 5: pipeline A/B/A with a 0.05 ms GIL switch interval; detector under every load (~4 min)
 #   benchmarks/h200_session.sh part31  # session 5: pipeline A/B/A with 64-image detector calls; 1,024-photo folder (~4 min)
+#   benchmarks/h200_session.sh part32  # session 5: pipeline vs detector process; all GPU tests (~5 min)
 #   benchmarks/h200_session.sh part24  # session 5: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
 #   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
@@ -326,7 +327,14 @@ case "${1:-part1}" in
     timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
       --skip-serial --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part31" >&2; exit 2 ;;
+  part32)
+    step "pipeline vs the detector in its own process (own GIL; P-Net graphs captured at its start)"
+    timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --skip-serial --ab-detector-process --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    step "GPU tests (all)"
+    timeout 200 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -8 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part32" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

@@ -316,6 +316,9 @@ def _child_main(spec: DetectorSpec, conn: Any) -> None:
         if spec.torch_threads:
             torch.set_num_threads(spec.torch_threads)
         detector = spec.build()
+        capture = getattr(detector, "capture_graphs", None)
+        if capture is not None:
+            capture()                               # MTCNN's P-Net graphs now, not inside the first batches
     except BaseException as exc:  # noqa: BLE001 - every start failure goes back to the parent
         conn.send(("error", _pickled(exc)))
         return
