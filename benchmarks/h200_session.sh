@@ -20,6 +20,7 @@
 #   benchmarks/h200_session.sh part30  # session 5: pipeline A/B/A with a 0.05 ms GIL switch interval; detector under every load (~4 min)
 #   benchmarks/h200_session.sh part31  # session 5: pipeline A/B/A with 64-image detector calls; 1,024-photo folder (~4 min)
 #   benchmarks/h200_session.sh part32  # session 5: pipeline vs detector process; all GPU tests (~5 min)
+#   benchmarks/h200_session.sh part33  # session 5: detector GPU tests; pipeline A/B/A with R-Net / O-Net from CUDA graphs (~3 min)
 #   benchmarks/h200_session.sh part24  # session 5: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
 #   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
@@ -334,7 +335,14 @@ case "${1:-part1}" in
     step "GPU tests (all)"
     timeout 200 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -8 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part32" >&2; exit 2 ;;
+  part33)
+    step "GPU tests: detector"
+    timeout 100 "$PY" -m pytest -q -m gpu tests/test_mtcnn_batched.py -p no:cacheprovider 2>&1 | tail -5 >> "$LOG"
+    step "pipeline A/B/A: the detector's R-Net / O-Net stages from CUDA graphs too"
+    timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --skip-serial --ab-crop-graphs --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part33" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"
