@@ -20,7 +20,7 @@
 #   benchmarks/h200_session.sh part30  # session 5: pipeline A/B/A with a 0.05 ms GIL switch interval; detector under every load (~4 min)
 #   benchmarks/h200_session.sh part31  # session 5: pipeline A/B/A with 64-image detector calls; 1,024-photo folder (~4 min)
 #   benchmarks/h200_session.sh part32  # session 5: pipeline vs detector process; all GPU tests (~5 min)
-#   benchmarks/h200_session.sh part33  # session 5: detector GPU tests; pipeline A/B/A with R-Net / O-Net from CUDA graphs (~3 min)
+#   benchmarks/h200_session.sh part33  # session 5, at 097a0b2 (its R-Net / O-Net graphs were reverted after this run: 455 vs 426 / 458 faces/s): detector GPU tests; pipeline A/B/A (~3 min)
 #   benchmarks/h200_session.sh part24  # session 5: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
 #   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)

@@ -357,8 +357,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ab-detector-batch", type=int, default=None, metavar="N",
                     help="A/B/A in the same run: up to N images per detector call and N prepare threads (P-Net "
                          "graphs captured up to N before the timed run)")
-    ap.add_argument("--ab-crop-graphs", action="store_true",
-                    help="A/B/A in the same run: the detector's R-Net / O-Net stages from CUDA graphs as well")
     ap.add_argument("--workdir", type=Path, default=None, help="where the folders go (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -538,15 +536,6 @@ def main(argv: list[str] | None = None) -> int:
         n = args.ab_detector_batch
         ab_a(f"pipeline_detector_batch_{n}", f"up to {n} images per detector call, {n} prepare threads",
              "out_pipeline_db", lambda: set_det_batch(n, n, n), lambda: set_det_batch(*kept_det))
-    if args.ab_crop_graphs:
-        mtcnn = getattr(server, "_inner", server)
-
-        def set_crop_graphs(value):
-            mtcnn.crop_graphs, mtcnn._fixed = value, None
-            mtcnn.capture_graphs()             # P-Net and (when on) every crop-stage capacity, before the timed run
-
-        ab_a("pipeline_crop_graphs", "detector's R-Net / O-Net from CUDA graphs too", "out_pipeline_cg",
-             lambda: set_crop_graphs(True), lambda: set_crop_graphs(False))
     process_detector = None
     if args.ab_detector_process:
         def run_with_process_detector(inputs, out: Path):

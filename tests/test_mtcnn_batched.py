@@ -355,11 +355,11 @@ def test_stage1_syncs_do_not_grow_with_scales_or_chunks(pnet_max_pixels, monkeyp
 
 # -- the fixed-canvas P-Net plan (replayed from CUDA graphs on CUDA; eager here) --------------------------------------
 
-def fixed_pnet(side: int = 1024, graphs: bool = False, pnet=None, crop_nets=None):
+def fixed_pnet(side: int = 1024, graphs: bool = False, pnet=None):
     from gpen_tune.face.mtcnn_batched import FixedCanvasPNet
 
     return FixedCanvasPNet(pnet or nets()[0], side, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS[0], MTCNN_PYRAMID_FACTOR,
-                           graphs=graphs, crop_nets=crop_nets)
+                           graphs=graphs)
 
 
 def with_fixed(images, fixed, net_set=None, device="cpu"):
@@ -399,21 +399,6 @@ def test_fixed_canvas_buffers_carry_nothing_between_calls():
     with_fixed(first, fixed)
     assert_identical(with_fixed(then, fixed), batched(then))
     assert_identical(with_fixed(first[::-1], fixed), batched(first[::-1]))
-
-
-def test_fixed_crop_stages_give_the_dynamic_drivers_detections(monkeypatch):
-    """R-Net and O-Net through the fixed-capacity crop stage (padding rows, boxes whose crop is empty kept as
-    rows with ok False): the same detections as the dynamic driver; above the largest capacity the eager path."""
-    from gpen_tune.face.mtcnn_batched import FixedCanvasPNet
-
-    images = [photo("astronaut"), photo("crop")[:500, :600].copy(), photo("grace_hopper")]
-    fixed = fixed_pnet(side=640, crop_nets=nets()[1:])
-    assert_identical(with_fixed(images, fixed), batched(images))
-    assert {size for size, _, _ in fixed._crop_slots} == {24, 48}
-    monkeypatch.setattr(FixedCanvasPNet, "CROP_CAPACITIES", {24: (4,), 48: (4,)})   # every stage too large
-    small = fixed_pnet(side=640, crop_nets=nets()[1:])
-    assert_identical(with_fixed(images, small), batched(images))
-    assert small._crop_slots == {}
 
 
 def test_fixed_canvas_falls_back_for_what_it_cannot_hold():
@@ -461,14 +446,6 @@ def test_pnet_graph_replays_match_the_eager_driver_on_cuda():
             assert_same(g, by_score(w), tol=0.05, score_tol=1e-4)
     assert fixed.replays == len(batches) and sorted(fixed._slots) == [1, 8, 16]
     assert all(slot.graph is not None for slot in fixed._slots.values())
-    crops = fixed_pnet(graphs=True, pnet=cuda_nets[0], crop_nets=cuda_nets[1:])
-    for images in batches:
-        got = with_fixed(images, crops, cuda_nets, "cuda")
-        want = detect_mtcnn_batched(images, *cuda_nets, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS,
-                                    MTCNN_PYRAMID_FACTOR, "cuda")
-        for g, w in zip(got, want, strict=True):
-            assert_same(g, by_score(w), tol=0.05, score_tol=1e-4)
-    assert crops.crop_replays == 2 * len(batches)
     det = MTCNNDetector("cuda")
     assert det.uses_pnet_graphs == (torch.cuda.get_device_properties(0).total_memory >= 12 * 2**30)
     found = det.detect([photo(k) for k in keys])

@@ -204,8 +204,6 @@ class MTCNNDetector(FaceDetector):
         super().__init__(device, threshold, det_size)
         self.mixed_sizes = self.device.type != "cpu"
         self.pnet_graphs = pnet_graphs
-        # R-Net / O-Net from CUDA graphs per box capacity as well (FixedCanvasPNet.crop_stage): off until measured
-        self.crop_graphs = False
         self._fixed = None
         self._fixed_lock = threading.Lock()
         try:
@@ -252,8 +250,7 @@ class MTCNNDetector(FaceDetector):
 
         if self._fixed is None:
             self._fixed = FixedCanvasPNet(self.pnet, self.det_size, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS[0],
-                                          MTCNN_PYRAMID_FACTOR, max_batch=self.max_batch,
-                                          crop_nets=(self.rnet, self.onet) if self.crop_graphs else None)
+                                          MTCNN_PYRAMID_FACTOR, max_batch=self.max_batch)
         return self._fixed
 
     def _detect_batch(self, batch):

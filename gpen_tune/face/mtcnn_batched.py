@@ -71,7 +71,7 @@ def detect_mtcnn_batched(
         if fixed is not None and not isinstance(images, torch.Tensor) and fixed.fits(images):
             maps = fixed(list(images))
             driver = _Driver(maps.table, maps.sizes, pnet, rnet, onet, float(min_face), tuple(thresholds),
-                             float(factor), hw=maps.hw, fixed=fixed)
+                             float(factor), hw=maps.hw)
             return driver.run(maps)
         canvas, sizes = _upload(images, device)
         if canvas is None:
@@ -122,8 +122,7 @@ def pyramid_scales(min_side: float, min_face: float, factor: float) -> list[floa
 class _Driver:
     """One batch through P-Net, R-Net and O-Net."""
 
-    def __init__(self, table, sizes, pnet, rnet, onet, min_face, thresholds, factor, hw=None, fixed=None):
-        self.fixed = fixed                                     # FixedCanvasPNet of this call's maps, or None
+    def __init__(self, table, sizes, pnet, rnet, onet, min_face, thresholds, factor, hw=None):
         self.device = table.device
         self.sizes = sizes                                     # host [B, 2] (h, w)
         self.pnet, self.rnet, self.onet = pnet, rnet, onet
@@ -200,11 +199,6 @@ class _Driver:
     def _net_on_crops(self, net: torch.nn.Module, boxes: torch.Tensor, img: torch.Tensor, size: int):
         """(boxes, img, *net outputs) for every box cut from its own image (clipped to it) and area-resized to
         size x size; boxes whose clipped crop is empty are dropped (facenet skips them, then fails)."""
-        graphed = self.fixed.crop_stage(size, boxes, img) if self.fixed is not None else None
-        if graphed is not None:                                 # the same crops and rows, from a CUDA graph
-            ok, *outs = graphed
-            keep = ok[:len(boxes)].nonzero().squeeze(1)
-            return boxes[keep], img[keep], *(o[keep] for o in outs)
         hw = self.hw[img]
         xy = boxes[:, :4].trunc().long()                        # facenet: trunc, then 1-based clipping
         x0 = xy[:, 0].clamp(min=1) - 1
@@ -329,16 +323,9 @@ class FixedCanvasPNet:
 
     BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
-    CROP_CAPACITIES = {24: (64, 128, 256, 512, 1024, 2048, 4096, 8192), 48: (64, 128, 256, 512, 1024, 2048)}
-
     def __init__(self, pnet: torch.nn.Module, side: int, min_face: float, threshold: float, factor: float,
-                 graphs: bool | None = None, max_batch: int = 32,
-                 crop_nets: tuple[torch.nn.Module, torch.nn.Module] | None = None):
+                 graphs: bool | None = None, max_batch: int = 32):
         self.buckets = tuple(b for b in self.BUCKETS if b < max_batch) + (int(max_batch),)
-        self.crop_nets = {24: crop_nets[0], 48: crop_nets[1]} if crop_nets is not None else None
-        self._crop_slots: dict[tuple, _CropSlot] = {}
-        self._crop_pool = None
-        self.crop_replays = 0
         self.pnet, self.side = pnet, int(side)
         self.min_face, self.threshold, self.factor = float(min_face), float(threshold), float(factor)
         self.device = next(pnet.parameters()).device
@@ -366,9 +353,9 @@ class FixedCanvasPNet:
         pixels = host.numpy()
         for i, img in enumerate(images):                      # the rest of each slot is never read
             pixels[i, :img.shape[0], :img.shape[1]] = img
+        small = np.concatenate([padded.reshape(-1), self._planes(padded).reshape(-1)])
         slot.canvas.copy_(host[:bucket], non_blocking=True)
-        slot.planes.copy_(_pinned(self._planes(padded)), non_blocking=True)
-        self._hw[:bucket].copy_(_pinned(padded), non_blocking=True)
+        slot.small.copy_(_pinned(small), non_blocking=True)
         if self.device.type == "cuda":
             self._uploaded = torch.cuda.Event()
             self._uploaded.record()
@@ -377,73 +364,14 @@ class FixedCanvasPNet:
             self.replays += 1
         else:
             slot.outputs = self._compute(slot)
-        mask, feats, edges = slot.outputs
-        return PNetMaps(self._table[:bucket], sizes, self._hw[:bucket], slot.planes, slot.chunk_table, mask, feats,
-                        edges)
+        table, mask, feats, edges = slot.outputs
+        return PNetMaps(table, sizes, slot.hw, slot.planes, slot.chunk_table, mask, feats, edges)
 
     def capture_all(self) -> None:
-        """Build (and on CUDA capture) every bucket now rather than at its first batch (and every crop-stage
-        capacity when those graphs are on)."""
+        """Build (and on CUDA capture) every bucket now rather than at its first batch."""
         for bucket in self.buckets:
             if bucket not in self._slots:
                 self._build(bucket)
-        for size, caps in self.CROP_CAPACITIES.items() if self.crop_nets else ():
-            for cap in caps:
-                key = (size, cap, torch.float32)
-                if key not in self._crop_slots:
-                    self._build_crop(key)
-
-    # -- R-Net / O-Net on crops ------------------------------------------------------------------------------------
-    def crop_stage(self, size: int, boxes: torch.Tensor, img: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
-        """R-Net (size 24) or O-Net (48) on the boxes of this call's images, from a graph per capacity: (ok [cap],
-        *net outputs [cap, ...]); rows from len(boxes) on are padding (ok False). None when these graphs are off
-        or the boxes exceed the largest capacity: the caller runs its eager path."""
-        n = len(boxes)
-        caps = self.CROP_CAPACITIES[size]
-        if self.crop_nets is None or n == 0 or n > caps[-1]:
-            return None
-        key = (size, next(c for c in caps if c >= n), boxes.dtype)
-        slot = self._crop_slots.get(key) or self._build_crop(key)
-        slot.boxes[:n].copy_(boxes)
-        slot.boxes[n:].zero_()
-        slot.img[:n].copy_(img)
-        slot.img[n:].zero_()
-        if slot.graph is not None:
-            slot.graph.replay()
-            self.crop_replays += 1
-        else:
-            slot.outputs = self._crop_body(size, slot)
-        return slot.outputs
-
-    def _crop_body(self, size: int, slot: _CropSlot) -> tuple[torch.Tensor, ...]:
-        """The eager driver's `_net_on_crops` without its data-dependent filter: boxes whose clipped crop is empty
-        get a 0 x 0 rectangle at the origin (in bounds, never kept) and ok False."""
-        boxes, img = slot.boxes, slot.img
-        hw = self._hw[img]
-        xy = boxes[:, :4].trunc().long()                        # facenet: trunc, then 1-based clipping
-        x0 = xy[:, 0].clamp(min=1) - 1
-        y0 = xy[:, 1].clamp(min=1) - 1
-        x1 = torch.minimum(xy[:, 2], hw[:, 1])
-        y1 = torch.minimum(xy[:, 3], hw[:, 0])
-        ok = (x1 > x0) & (y1 > y0)
-        zero = torch.zeros_like(x0)
-        top, left = torch.where(ok, y0, zero), torch.where(ok, x0, zero)
-        h, w = torch.where(ok, y1 - y0, zero), torch.where(ok, x1 - x0, zero)
-        full = torch.full_like(x0, size)
-        crops = area_resize(self._table, self.dtype, img, top, left, h, w, full, full, size, size)
-        return (ok, *self.crop_nets[size](crops))
-
-    def _build_crop(self, key: tuple) -> _CropSlot:
-        size, cap, dtype = key
-        self._shared_buffers()
-        slot = _CropSlot(torch.zeros((cap, 5), dtype=dtype, device=self.device),
-                         torch.zeros(cap, dtype=torch.int64, device=self.device))
-        if self.graphs:
-            if self._crop_pool is None:
-                self._crop_pool = torch.cuda.graph_pool_handle()
-            slot.graph, slot.outputs = _capture(lambda: self._crop_body(size, slot), self.device, self._crop_pool)
-        self._crop_slots[key] = slot
-        return slot
 
     # -- plan ----------------------------------------------------------------------------------------------------
     def _chunks(self, bucket: int) -> list[_Chunk]:
@@ -479,67 +407,49 @@ class FixedCanvasPNet:
             self._host = host.pin_memory() if self.device.type == "cuda" else host
         return self._host
 
-    def _shared_buffers(self) -> None:
-        """The summed-area table and image sizes of the largest bucket, shared by every graph (each bucket uses
-        its first rows): the crop-stage graphs read whichever bucket's images the call had."""
-        if getattr(self, "_table", None) is None:
-            b, side = self.buckets[-1], self.side
-            dtype = torch.int32 if 255 * side * side < 2**31 else torch.int64
-            self._table = torch.zeros((b, side + 1, side + 1, 3), dtype=dtype, device=self.device)
-            self._hw = torch.zeros((b, 2), dtype=torch.int64, device=self.device)
-
     def _build(self, bucket: int) -> _FixedSlot:
-        self._shared_buffers()
         chunks = self._chunks(bucket)
+        n_planes = chunks[-1].last
         slot = _FixedSlot(
             chunks=chunks,
             canvas=torch.zeros((bucket, self.side, self.side, 3), dtype=torch.uint8, device=self.device),
-            planes=torch.zeros((chunks[-1].last, 3), dtype=torch.int64, device=self.device),
+            small=torch.zeros(bucket * 2 + n_planes * 3, dtype=torch.int64, device=self.device),
             chunk_table=torch.as_tensor(_chunk_table(chunks), device=self.device),
         )
+        slot.hw = slot.small[:bucket * 2].view(bucket, 2)
+        slot.planes = slot.small[bucket * 2:].view(n_planes, 3)
         if self.graphs:
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            slot.graph, slot.outputs = _capture(lambda: self._compute(slot), self.device, self._pool)
+            slot.graph, slot.outputs = self._capture(slot)
         self._slots[bucket] = slot
         return slot
 
     def _compute(self, slot: _FixedSlot):
-        bucket = slot.canvas.shape[0]
-        table = self._table[:bucket]
-        table[:, 1:, 1:] = slot.canvas.to(table.dtype).cumsum(1, dtype=table.dtype).cumsum(2, dtype=table.dtype)
-        return pnet_maps(self.pnet, table, self._hw[:bucket], slot.chunks, slot.planes, self.threshold)
+        table = _integral(slot.canvas)
+        return (table, *pnet_maps(self.pnet, table, slot.hw, slot.chunks, slot.planes, self.threshold))
 
-
-def _capture(body, device: torch.device, pool) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
-    """Warm up on a side stream (cuDNN and Triton pick / compile their kernels outside the capture), then capture
-    one call of `body` into `pool`; returns the graph and its static outputs."""
-    side_stream = torch.cuda.Stream(device=device)
-    side_stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side_stream):
-        for _ in range(2):
-            body()
-    torch.cuda.current_stream(device).wait_stream(side_stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
-        outputs = body()
-    return graph, outputs
+    def _capture(self, slot: _FixedSlot):
+        """Warm up on a side stream (cuDNN picks its kernels outside the capture), then capture one call."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        side_stream = torch.cuda.Stream(device=self.device)
+        side_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side_stream):
+            for _ in range(2):
+                self._compute(slot)
+        torch.cuda.current_stream(self.device).wait_stream(side_stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs = self._compute(slot)
+        return graph, outputs
 
 
 class _FixedSlot:
-    """One bucket's static buffers (inputs: canvas and planes; outputs: mask, feats, edges) and graph."""
+    """One bucket's static buffers (inputs: canvas, hw and planes; outputs: table, mask, feats, edges) and graph."""
 
-    def __init__(self, chunks: list[_Chunk], canvas: torch.Tensor, planes: torch.Tensor, chunk_table: torch.Tensor):
-        self.chunks, self.canvas, self.planes, self.chunk_table = chunks, canvas, planes, chunk_table
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.outputs: tuple[torch.Tensor, ...] | None = None
-
-
-class _CropSlot:
-    """One crop-stage capacity's static inputs (boxes [cap, 5], image ids [cap]), graph and outputs."""
-
-    def __init__(self, boxes: torch.Tensor, img: torch.Tensor):
-        self.boxes, self.img = boxes, img
+    def __init__(self, chunks: list[_Chunk], canvas: torch.Tensor, small: torch.Tensor, chunk_table: torch.Tensor):
+        self.chunks, self.canvas, self.small, self.chunk_table = chunks, canvas, small, chunk_table
+        self.hw: torch.Tensor
+        self.planes: torch.Tensor
         self.graph: torch.cuda.CUDAGraph | None = None
         self.outputs: tuple[torch.Tensor, ...] | None = None
 
