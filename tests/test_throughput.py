@@ -64,8 +64,8 @@ def mixed_folder(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def serial_run(enhancer, mixed_folder, tmp_path_factory):
-    out = tmp_path_factory.mktemp("serial")
-    return out, enhance_folder(mixed_folder, out, enhancer=enhancer, serial=True)
+    out = tmp_path_factory.mktemp("serial")       # PNG: the comparison sees the pixels, not JPEG's rounding of them
+    return out, enhance_folder(mixed_folder, out, enhancer=enhancer, serial=True, ext="png")
 
 
 def _no_partial_files(folder: Path) -> None:
@@ -86,7 +86,8 @@ def _all_decodable(folder: Path) -> list[Path]:
 def test_pipeline_matches_serial_on_mixed_folder(enhancer, mixed_folder, serial_run, tmp_path):
     serial_out, serial = serial_run
     # detect_batch=3: a prepare worker decodes and detects up to 3 images per call (the broken file inside a group)
-    piped = enhance_folder(mixed_folder, tmp_path, enhancer=enhancer, workers=2, max_batch=4, detect_batch=3)
+    piped = enhance_folder(mixed_folder, tmp_path, enhancer=enhancer, workers=2, max_batch=4, detect_batch=3,
+                           ext="png")
     assert [r.path.name for r in piped.results] == [r.path.name for r in serial.results]
     assert [r.status for r in piped.results] == [r.status for r in serial.results] == ["ok"] * 4 + ["failed"]
     assert [r.faces for r in piped.results] == [r.faces for r in serial.results] == [1, 1, 4, 0, 0]
@@ -102,6 +103,22 @@ def test_pipeline_matches_serial_on_mixed_folder(enhancer, mixed_folder, serial_
     assert "e_broken.jpg" in piped.results[4].error
     assert piped.stages["faces"] == 6
     assert set(piped.stages["batch_sizes"]) <= {1, 2, 4}
+
+
+def test_yield_to_detector_keeps_the_serial_outputs(enhancer, mixed_folder, tmp_path):
+    """With generator batches held back while the detector thread is in a call: same files, same pixels (within
+    the tolerance; PNG, so no JPEG rounding on top), and the wait is reported; the flag the runner watches is the
+    detector thread's own."""
+    serial = enhance_folder(mixed_folder, tmp_path / "s", enhancer=enhancer, serial=True, ext="png")
+    piped = enhance_folder(mixed_folder, tmp_path / "p", enhancer=enhancer, workers=2, max_batch=4, ext="png",
+                           yield_to_detector_ms=50)
+    assert [r.status for r in piped.results] == [r.status for r in serial.results]
+    for r_s, r_p in zip(serial.results[:4], piped.results[:4], strict=True):
+        assert np.abs(cv2.imread(str(r_s.output)).astype(int) - cv2.imread(str(r_p.output)).astype(int)).max() \
+            <= TOLERANCE, r_s.path.name
+    assert piped.stages["detector_yield_s"] >= 0.0
+    stages = EnhancerStages(enhancer, OutputNaming(tmp_path), [])
+    assert stages.detector_active is enhancer._detector.active and not stages.detector_active.is_set()
 
 
 def test_results_in_input_order_and_named_as_serial(enhancer, tmp_path):

@@ -70,6 +70,9 @@ class RunnerConfig:
     bucket_batches: bool = True           # batches are bucket sizes; False: take up to the limit (padded restorer)
     detect_batch: int = 1                 # images a prepare worker takes at once (one batched detector call)
     prepare_workers: int | None = None    # decode/detect/align threads (default: see `resolved`)
+    # hold a generator batch back while the detector thread is inside a call, at most this long (0 = never): an
+    # experiment for GPUs shared without MPS, where the detector's small kernels queue behind the generator's
+    yield_to_detector_ms: float = 0.0
 
     def resolved(self, device_type: str) -> tuple[int, int, int, int]:
         """(workers, prepare_workers, max_batch, max_inflight) with the defaults filled in.
@@ -217,6 +220,8 @@ class _Run:
         self.take = bucket_floor if config.bucket_batches else (lambda n, limit: min(n, limit))
         self.before_restore = before_restore
         self.on_device = restored_on_device
+        self.yield_s = config.yield_to_detector_ms / 1000.0
+        self.detector_active = getattr(stages, "detector_active", None) if self.yield_s > 0 else None
         self.stop = threading.Event()
         self.interrupted = threading.Event()
         self.slots = threading.Semaphore(self.max_inflight)
@@ -226,7 +231,7 @@ class _Run:
         self.finish_q = _Queue(2 * self.workers)
         self.result_q: queue.Queue = queue.Queue()   # unbounded but holds at most max_inflight results
         self.t = {"prepare_s": 0.0, "finish_s": 0.0, "gpu_wait_input_s": 0.0, "gpu_wait_output_s": 0.0,
-                  "gpu_stage_s": 0.0}
+                  "gpu_stage_s": 0.0, "detector_yield_s": 0.0}
         self._t_lock = threading.Lock()
 
     # -- plumbing ---------------------------------------------------------------------------------------------
@@ -406,6 +411,7 @@ class _Run:
                 return True
             if self.before_restore is not None:
                 self.before_restore()
+            self._yield_to_detector()
             try:
                 batch = self.restorer.submit([s.crops[k] for s, k in entries])
             except KeyboardInterrupt:
@@ -466,6 +472,17 @@ class _Run:
         for _ in range(self.workers):
             if not self._put(self.finish_q, None):
                 break
+
+    def _yield_to_detector(self) -> None:
+        """RunnerConfig.yield_to_detector_ms: wait while the detector is inside a call, at most that long."""
+        active = self.detector_active
+        if active is None or not active.is_set():
+            return
+        t0 = time.perf_counter()
+        deadline = t0 + self.yield_s
+        while active.is_set() and not self.stop.is_set() and time.perf_counter() < deadline:
+            time.sleep(_BUSY_POLL_S)
+        self.t["detector_yield_s"] += time.perf_counter() - t0
 
     def _fail_entries(self, entries: list[tuple[_JobState, int]], exc: BaseException) -> None:
         for state, _ in entries:

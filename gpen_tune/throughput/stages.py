@@ -73,6 +73,12 @@ class EnhancerStages:
         return (self.paste != "cpu" and self.enhancer.device.type == "cuda" and s.face_crop and not s.aligned
                 and not s.parse_mask and s.strength > 0)
 
+    @property
+    def detector_active(self) -> threading.Event | None:
+        """Set while the detector thread is inside a call (None without a detector thread)."""
+        active = getattr(self.enhancer._detector, "active", None)
+        return active if isinstance(active, threading.Event) else None
+
     def before_restore(self) -> None:
         hook = getattr(self.enhancer._detector, "before_restore", None)
         if hook:
