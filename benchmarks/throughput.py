@@ -360,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ab-yield-to-detector", type=float, default=None, metavar="MS",
                     help="A/B/A in the same run: hold generator batches back while the detector is in a call, at "
                          "most MS ms each")
+    ap.add_argument("--ab-device-results", action="store_true",
+                    help="A/B/A in the same run: restored crops kept on the device (no per-batch download)")
     ap.add_argument("--workdir", type=Path, default=None, help="where the folders go (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -428,13 +430,15 @@ def main(argv: list[str] | None = None) -> int:
             setattr(server, k, 0)             # count the measured pipeline run only
 
     yield_ms = [0.0]                          # --ab-yield-to-detector sets it for its B run
+    device_results = [False]                  # --ab-device-results sets it for its B run
 
     def pipeline(out: str):
         """One pipelined run of the folder into work/out with this run's settings (for measure)."""
         return lambda: enhance_folder(folder, work / out, enhancer=enhancer, workers=args.workers,
                                       prepare_workers=args.prepare_workers, max_batch=batch,
                                       max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
-                                      bucket_batches=not compiled_or_graphed, yield_to_detector_ms=yield_ms[0])
+                                      bucket_batches=not compiled_or_graphed, yield_to_detector_ms=yield_ms[0],
+                                      device_results_only=device_results[0])
 
     print("pipeline ...", flush=True)
     runs["pipeline"], summaries["pipeline"] = measure("pipeline", pipeline("out_pipeline"), meter, device)
@@ -545,6 +549,9 @@ def main(argv: list[str] | None = None) -> int:
         ab_a("pipeline_yield_to_detector", f"generator held back up to {args.ab_yield_to_detector:g} ms while the "
              "detector is in a call", "out_pipeline_yd", lambda: yield_ms.__setitem__(0, args.ab_yield_to_detector),
              lambda: yield_ms.__setitem__(0, 0.0))
+    if args.ab_device_results:
+        ab_a("pipeline_device_results", "restored crops kept on the device", "out_pipeline_dr",
+             lambda: device_results.__setitem__(0, True), lambda: device_results.__setitem__(0, False))
     process_detector = None
     if args.ab_detector_process:
         def run_with_process_detector(inputs, out: Path):

@@ -121,6 +121,24 @@ def test_yield_to_detector_keeps_the_serial_outputs(enhancer, mixed_folder, tmp_
     assert stages.detector_active is enhancer._detector.active and not stages.detector_active.is_set()
 
 
+def test_finish_downloads_device_only_crops_when_the_host_needs_them(enhancer, tmp_path):
+    """The runner's device-only results: `finish` gets None host crops plus the device tensors (CPU tensors here)
+    and, pasting on the CPU, downloads them: the same file as with host crops, and the saved face crops too."""
+    src = _write(tmp_path / "astro.png", samples.astronaut())
+    outs = {}
+    for kind in ("host", "device_only"):
+        stages = EnhancerStages(enhancer, OutputNaming(tmp_path / kind), [src], save_faces=True)
+        item = stages.prepare(0, src)
+        restored = list(enhancer.restore_crops(stages.crops(item)))
+        if kind == "host":
+            out = stages.finish(item, restored)
+        else:
+            out = stages.finish(item, [None] * len(restored), [torch.from_numpy(r) for r in restored])
+        outs[kind] = (cv2.imread(str(out)), sorted(p.name for p in (tmp_path / kind / "faces").iterdir()))
+    assert np.array_equal(outs["host"][0], outs["device_only"][0]) and outs["host"][1] == outs["device_only"][1]
+    assert np.abs(outs["host"][0].astype(int) - cv2.imread(str(src)).astype(int)).max() > 20
+
+
 def test_results_in_input_order_and_named_as_serial(enhancer, tmp_path):
     src = tmp_path / "in"
     src.mkdir()
@@ -628,6 +646,32 @@ def test_cuda_folder_matches_serial_with_gpu_paste(mixed_folder, tmp_path):
         if a.output is not None:
             x, y = cv2.imread(str(a.output)).astype(int), cv2.imread(str(b.output)).astype(int)
             assert np.abs(x - y).max() <= TOLERANCE, a.path.name
+    enh.close()
+
+
+@pytest.mark.gpu
+def test_cuda_device_only_results_match_the_default_run(mixed_folder, tmp_path):
+    """On CUDA: restored crops kept on the device (no per-batch download) give the default run's files, also for
+    an image pasted on the CPU (16-bit PNG) and with saved face crops."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    src = tmp_path / "in"
+    src.mkdir()
+    for p in mixed_folder.iterdir():
+        (src / p.name).write_bytes(p.read_bytes())
+    cv2.imwrite(str(src / "g_sixteen.png"), (samples.grace_hopper()[..., ::-1].astype(np.uint16) * 257))
+    model = load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cuda")
+    enh = Enhancer(EnhanceSettings(device="cuda", detector="mtcnn", batch_size=8), model=model)
+    runs = {flag: enhance_folder(src, tmp_path / str(flag), enhancer=enh, workers=2, ext="png", save_faces=True,
+                                 max_batch=1, device_results_only=flag) for flag in (False, True)}
+    assert [r.status for r in runs[True].results] == [r.status for r in runs[False].results]
+    assert runs[True].faces == runs[False].faces >= 7
+    for a, b in zip(runs[False].results, runs[True].results, strict=True):
+        if a.output is not None:
+            assert np.array_equal(cv2.imread(str(a.output), cv2.IMREAD_UNCHANGED),
+                                  cv2.imread(str(b.output), cv2.IMREAD_UNCHANGED)), a.path.name
+    faces = [sorted(p.name for p in (tmp_path / str(flag) / "faces").iterdir()) for flag in (False, True)]
+    assert faces[0] == faces[1] and len(faces[0]) >= 7
     enh.close()
 
 

@@ -87,10 +87,13 @@ class PendingBatch:
             owner.times.generator_s += start.elapsed_time(end) / 1000.0
         if self._finite is not None and not bool(self._finite):       # NaN guard tripped: fp32 re-run, in order
             self._device_out = owner._recover(self._device_in)
-            host = self._device_out.cpu().numpy()
+            host = self._device_out.cpu().numpy() if self._host is not None else None
         else:
-            host = self._host[: self._n].numpy()
-        self._ready = [host[i].copy() for i in range(self._n)]   # the pinned buffer is reused by a later batch
+            host = self._host[: self._n].numpy() if self._host is not None else None
+        if host is None:                                           # device-only results (submit host_copy=False)
+            self._ready = [None] * self._n
+        else:
+            self._ready = [host[i].copy() for i in range(self._n)]   # the pinned buffer is reused by a later batch
         self._host = self._finite = self._device_in = None
         return self._ready
 
@@ -133,8 +136,11 @@ class CropRestorer:
             self._slot = 0
 
     # -- public -------------------------------------------------------------------------------------------------
-    def submit(self, crops: Sequence[np.ndarray]) -> PendingBatch:
-        """Start restoring `crops` (each [S,S,3] uint8 RGB); at most one earlier batch should still be pending."""
+    def submit(self, crops: Sequence[np.ndarray], host_copy: bool = True) -> PendingBatch:
+        """Start restoring `crops` (each [S,S,3] uint8 RGB); at most one earlier batch should still be pending.
+
+        `host_copy=False` (CUDA): the restored crops stay on the device only (`device_out`); `result()` then gives
+        None per crop and whoever needs one on the host downloads it (GPU paste-back needs none)."""
         n = len(crops)
         t0 = time.perf_counter()
         if n == 0:
@@ -144,7 +150,7 @@ class CropRestorer:
         self.times.batches += 1
         self.times.faces += n
         self.times.batch_sizes[n] = self.times.batch_sizes.get(n, 0) + 1
-        batch = self._submit_cpu(crops) if not self.cuda else self._submit_cuda(crops)
+        batch = self._submit_cpu(crops) if not self.cuda else self._submit_cuda(crops, host_copy)
         batch.submitted_at = t0
         return batch
 
@@ -172,7 +178,7 @@ class CropRestorer:
         return PendingBatch(self, len(crops), None, None, None, ready=[out[i] for i in range(len(crops))])
 
     # -- CUDA ---------------------------------------------------------------------------------------------------
-    def _submit_cuda(self, crops: Sequence[np.ndarray]) -> PendingBatch:
+    def _submit_cuda(self, crops: Sequence[np.ndarray], host_copy: bool = True) -> PendingBatch:
         n = len(crops)
         slot = self._slot
         self._slot ^= 1
@@ -198,8 +204,9 @@ class CropRestorer:
             if end is not None:
                 end.record(stream)
             dev_out = to_uint8_nhwc(y)
-        host_out = self._out[slot]
-        host_out[:n].copy_(dev_out, non_blocking=True)
+        host_out = self._out[slot] if host_copy else None
+        if host_out is not None:
+            host_out[:n].copy_(dev_out, non_blocking=True)
         flag = None
         if finite is not None:                           # the NaN guard, read when the batch is collected
             flag = self._flag[slot]

@@ -73,6 +73,9 @@ class RunnerConfig:
     # hold a generator batch back while the detector thread is inside a call, at most this long (0 = never): an
     # experiment for GPUs shared without MPS, where the detector's small kernels queue behind the generator's
     yield_to_detector_ms: float = 0.0
+    # with GPU paste-back: restored crops stay on the device (no download per batch); `finish` downloads a crop
+    # only when it needs one on the host (CPU paste, saved faces). Off by default until measured on a GPU.
+    device_results_only: bool = False
 
     def resolved(self, device_type: str) -> tuple[int, int, int, int]:
         """(workers, prepare_workers, max_batch, max_inflight) with the defaults filled in.
@@ -220,6 +223,7 @@ class _Run:
         self.take = bucket_floor if config.bucket_batches else (lambda n, limit: min(n, limit))
         self.before_restore = before_restore
         self.on_device = restored_on_device
+        self.host_copy = not (config.device_results_only and restored_on_device)
         self.yield_s = config.yield_to_detector_ms / 1000.0
         self.detector_active = getattr(stages, "detector_active", None) if self.yield_s > 0 else None
         self.stop = threading.Event()
@@ -413,7 +417,8 @@ class _Run:
                 self.before_restore()
             self._yield_to_detector()
             try:
-                batch = self.restorer.submit([s.crops[k] for s, k in entries])
+                crops = [s.crops[k] for s, k in entries]
+                batch = self.restorer.submit(crops) if self.host_copy else self.restorer.submit(crops, host_copy=False)
             except KeyboardInterrupt:
                 raise
             except Exception as exc:

@@ -110,11 +110,18 @@ class EnhancerStages:
         """The runner's per-face share of its batch's time, as the serial path's "restore" timing."""
         item.job.add_time("restore", seconds)
 
-    def finish(self, item: _Item, restored: list[np.ndarray], restored_device: list[Any] | None = None) -> Path:
+    def finish(self, item: _Item, restored: list[np.ndarray | None],
+               restored_device: list[Any] | None = None) -> Path:
+        """Paste back, encode, write. A None in `restored` (the runner kept that crop on the device only) is
+        downloaded from `restored_device` when the host needs it: CPU paste or saved face crops."""
         job = item.job
-        for face, crop in zip(job.faces, restored, strict=False):   # empty when strength is 0
+        on_device = restored_device is not None and self._use_device_paste(job)
+        need_host = not on_device or self.save_faces
+        for i, (face, crop) in enumerate(zip(job.faces, restored, strict=False)):   # empty when strength is 0
+            if crop is None and need_host:
+                crop = restored_device[i].cpu().numpy()
             face.restored = crop
-        if restored_device is not None and self._use_device_paste(job):
+        if on_device:
             self._finish_on_device(job, restored_device)
         else:
             self.enhancer.finish(job)
