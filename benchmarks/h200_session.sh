@@ -21,7 +21,7 @@
 #   benchmarks/h200_session.sh part31  # session 5: pipeline A/B/A with 64-image detector calls; 1,024-photo folder (~4 min)
 #   benchmarks/h200_session.sh part32  # session 5: pipeline vs detector process; all GPU tests (~5 min)
 #   benchmarks/h200_session.sh part33  # session 5, at 097a0b2 (its R-Net / O-Net graphs were reverted after this run: 455 vs 426 / 458 faces/s): detector GPU tests; pipeline A/B/A (~3 min)
-#   benchmarks/h200_session.sh part34  # next: GPU tests; pipeline A/B/A with device-only results, and with the generator yielding to the detector (~7 min)
+#   benchmarks/h200_session.sh part34  # next: GPU tests; pipeline A/B/A with device-only results, crops staged by the prepare workers, the generator yielding to the detector (~9 min)
 #   benchmarks/h200_session.sh part24  # session 5: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
 #   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
@@ -349,6 +349,9 @@ case "${1:-part1}" in
     step "pipeline A/B/A: restored crops kept on the device (no per-batch download)"
     timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-device-results --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    step "pipeline A/B/A: crops uploaded by the prepare workers (GPU stage gathers on the device)"
+    timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --skip-serial --ab-stage-crops --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     step "pipeline A/B/A: generator held back (at most 30 ms) while the detector is inside a call"
     timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-yield-to-detector 30 --out "$DEST" 2>&1 | tail -10 >> "$LOG"

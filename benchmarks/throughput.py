@@ -362,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
                          "most MS ms each")
     ap.add_argument("--ab-device-results", action="store_true",
                     help="A/B/A in the same run: restored crops kept on the device (no per-batch download)")
+    ap.add_argument("--ab-stage-crops", action="store_true",
+                    help="A/B/A in the same run: prepare workers upload their crops themselves")
     ap.add_argument("--workdir", type=Path, default=None, help="where the folders go (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -431,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
 
     yield_ms = [0.0]                          # --ab-yield-to-detector sets it for its B run
     device_results = [False]                  # --ab-device-results sets it for its B run
+    staged = [False]                          # --ab-stage-crops sets it for its B run
 
     def pipeline(out: str):
         """One pipelined run of the folder into work/out with this run's settings (for measure)."""
@@ -438,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
                                       prepare_workers=args.prepare_workers, max_batch=batch,
                                       max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
                                       bucket_batches=not compiled_or_graphed, yield_to_detector_ms=yield_ms[0],
-                                      device_results_only=device_results[0])
+                                      device_results_only=device_results[0], stage_crops_on_device=staged[0])
 
     print("pipeline ...", flush=True)
     runs["pipeline"], summaries["pipeline"] = measure("pipeline", pipeline("out_pipeline"), meter, device)
@@ -552,6 +555,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.ab_device_results:
         ab_a("pipeline_device_results", "restored crops kept on the device", "out_pipeline_dr",
              lambda: device_results.__setitem__(0, True), lambda: device_results.__setitem__(0, False))
+    if args.ab_stage_crops:
+        ab_a("pipeline_stage_crops", "crops uploaded by the prepare workers", "out_pipeline_sc",
+             lambda: staged.__setitem__(0, True), lambda: staged.__setitem__(0, False))
     process_detector = None
     if args.ab_detector_process:
         def run_with_process_detector(inputs, out: Path):

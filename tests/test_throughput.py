@@ -651,8 +651,9 @@ def test_cuda_folder_matches_serial_with_gpu_paste(mixed_folder, tmp_path):
 
 @pytest.mark.gpu
 def test_cuda_device_only_results_match_the_default_run(mixed_folder, tmp_path):
-    """On CUDA: restored crops kept on the device (no per-batch download) give the default run's files, also for
-    an image pasted on the CPU (16-bit PNG) and with saved face crops."""
+    """On CUDA: restored crops kept on the device (no per-batch download), and crops uploaded by the prepare
+    workers themselves, give the default run's files, also for an image pasted on the CPU (16-bit PNG) and with
+    saved face crops."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     src = tmp_path / "in"
@@ -662,16 +663,21 @@ def test_cuda_device_only_results_match_the_default_run(mixed_folder, tmp_path):
     cv2.imwrite(str(src / "g_sixteen.png"), (samples.grace_hopper()[..., ::-1].astype(np.uint16) * 257))
     model = load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cuda")
     enh = Enhancer(EnhanceSettings(device="cuda", detector="mtcnn", batch_size=8), model=model)
-    runs = {flag: enhance_folder(src, tmp_path / str(flag), enhancer=enh, workers=2, ext="png", save_faces=True,
-                                 max_batch=1, device_results_only=flag) for flag in (False, True)}
-    assert [r.status for r in runs[True].results] == [r.status for r in runs[False].results]
-    assert runs[True].faces == runs[False].faces >= 7
-    for a, b in zip(runs[False].results, runs[True].results, strict=True):
-        if a.output is not None:
-            assert np.array_equal(cv2.imread(str(a.output), cv2.IMREAD_UNCHANGED),
-                                  cv2.imread(str(b.output), cv2.IMREAD_UNCHANGED)), a.path.name
-    faces = [sorted(p.name for p in (tmp_path / str(flag) / "faces").iterdir()) for flag in (False, True)]
-    assert faces[0] == faces[1] and len(faces[0]) >= 7
+    variants = {"default": {}, "device_results": {"device_results_only": True},
+                "staged": {"stage_crops_on_device": True}, "both": {"device_results_only": True,
+                                                                   "stage_crops_on_device": True}}
+    runs = {name: enhance_folder(src, tmp_path / name, enhancer=enh, workers=2, ext="png", save_faces=True,
+                                 max_batch=1, **kw) for name, kw in variants.items()}
+    base = runs["default"]
+    assert base.faces >= 7
+    for name, run in runs.items():
+        assert [r.status for r in run.results] == [r.status for r in base.results] and run.faces == base.faces
+        for a, b in zip(base.results, run.results, strict=True):
+            if a.output is not None:
+                assert np.array_equal(cv2.imread(str(a.output), cv2.IMREAD_UNCHANGED),
+                                      cv2.imread(str(b.output), cv2.IMREAD_UNCHANGED)), (name, a.path.name)
+        faces = sorted(p.name for p in (tmp_path / name / "faces").iterdir())
+        assert faces == sorted(p.name for p in (tmp_path / "default" / "faces").iterdir()), name
     enh.close()
 
 

@@ -136,11 +136,30 @@ class CropRestorer:
             self._slot = 0
 
     # -- public -------------------------------------------------------------------------------------------------
-    def submit(self, crops: Sequence[np.ndarray], host_copy: bool = True) -> PendingBatch:
+    def stage(self, crops: Sequence[np.ndarray]) -> torch.Tensor | None:
+        """Upload one image's crops from the calling thread (a prepare worker): [k,S,S,3] uint8 on the device, or
+        None off CUDA. The caller's thread waits for its copy, so a later `submit(..., device_crops=...)` of them
+        only gathers on the device. The tensor must outlive the batch that reads it (the runner's job state does)."""
+        if not self.cuda or not crops:
+            return None
+        host = torch.empty((len(crops), self.size, self.size, 3), dtype=torch.uint8, pin_memory=True)
+        view = host.numpy()
+        for i, c in enumerate(crops):
+            view[i] = c
+        stream = _thread_stream(self.device)
+        with torch.cuda.stream(stream):
+            dev = host.to(self.device, non_blocking=True)
+        stream.synchronize()
+        return dev
+
+    def submit(self, crops: Sequence[np.ndarray], host_copy: bool = True,
+               device_crops: Sequence[torch.Tensor] | None = None) -> PendingBatch:
         """Start restoring `crops` (each [S,S,3] uint8 RGB); at most one earlier batch should still be pending.
 
         `host_copy=False` (CUDA): the restored crops stay on the device only (`device_out`); `result()` then gives
-        None per crop and whoever needs one on the host downloads it (GPU paste-back needs none)."""
+        None per crop and whoever needs one on the host downloads it (GPU paste-back needs none).
+        `device_crops` (CUDA): the same crops already on the device (`stage`), gathered there instead of copied
+        through the pinned input buffer."""
         n = len(crops)
         t0 = time.perf_counter()
         if n == 0:
@@ -150,7 +169,7 @@ class CropRestorer:
         self.times.batches += 1
         self.times.faces += n
         self.times.batch_sizes[n] = self.times.batch_sizes.get(n, 0) + 1
-        batch = self._submit_cpu(crops) if not self.cuda else self._submit_cuda(crops, host_copy)
+        batch = self._submit_cpu(crops) if not self.cuda else self._submit_cuda(crops, host_copy, device_crops)
         batch.submitted_at = t0
         return batch
 
@@ -178,22 +197,27 @@ class CropRestorer:
         return PendingBatch(self, len(crops), None, None, None, ready=[out[i] for i in range(len(crops))])
 
     # -- CUDA ---------------------------------------------------------------------------------------------------
-    def _submit_cuda(self, crops: Sequence[np.ndarray], host_copy: bool = True) -> PendingBatch:
+    def _submit_cuda(self, crops: Sequence[np.ndarray], host_copy: bool = True,
+                     device_crops: Sequence[torch.Tensor] | None = None) -> PendingBatch:
         n = len(crops)
         slot = self._slot
         self._slot ^= 1
-        if self._in_free[slot] is not None:
-            self._in_free[slot].synchronize()            # the upload from two batches ago has finished
-        t0 = time.perf_counter()
-        host_in = self._in[slot]
-        view = host_in.numpy()
-        for i, c in enumerate(crops):
-            view[i] = c
         stream = torch.cuda.current_stream(self.device)
-        dev_u8 = host_in[:n].to(self.device, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record(stream)
-        self._in_free[slot] = copied
+        if device_crops is not None:
+            t0 = time.perf_counter()
+            dev_u8 = torch.stack(list(device_crops))
+        else:
+            if self._in_free[slot] is not None:
+                self._in_free[slot].synchronize()        # the upload from two batches ago has finished
+            t0 = time.perf_counter()
+            host_in = self._in[slot]
+            view = host_in.numpy()
+            for i, c in enumerate(crops):
+                view[i] = c
+            dev_u8 = host_in[:n].to(self.device, non_blocking=True)
+            copied = torch.cuda.Event()
+            copied.record(stream)
+            self._in_free[slot] = copied
         start = torch.cuda.Event(enable_timing=True) if self.timed else None
         end = torch.cuda.Event(enable_timing=True) if self.timed else None
         with torch.inference_mode():
@@ -276,6 +300,17 @@ class FixedBatch:
 
     def recover(self, x: torch.Tensor) -> torch.Tensor:
         return self.restore.recover(x)
+
+
+_local = threading.local()
+
+
+def _thread_stream(device: torch.device) -> torch.cuda.Stream:
+    """One CUDA stream per calling thread for `CropRestorer.stage` (its copies do not queue behind the generator)."""
+    key = str(device)
+    if getattr(_local, "key", None) != key:
+        _local.stream, _local.key = torch.cuda.Stream(device=device), key
+    return _local.stream
 
 
 def join_parts(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.Tensor, torch.Tensor | None]:
