@@ -84,20 +84,18 @@ def batched_driver(batch: list[np.ndarray], nets, device) -> list[int]:
     return [int((s >= DEFAULT_THRESHOLD).sum()) for _, s, _ in found]
 
 
-_FIXED: dict = {}
-
-
-def graphed_driver(batch: list[np.ndarray], nets, device) -> list[int]:
+def graphed_driver(side: int, pnet):
     """The batched driver with its P-Net stage replayed from CUDA graphs (FixedCanvasPNet, canvas = --long-side)."""
     from gpen_tune.face.mtcnn_batched import FixedCanvasPNet
 
-    fixed = _FIXED.get(id(nets[0]))
-    if fixed is None:
-        fixed = _FIXED[id(nets[0])] = FixedCanvasPNet(nets[0], _FIXED["side"], MTCNN_MIN_FACE,
-                                                      MTCNN_STAGE_THRESHOLDS[0], MTCNN_PYRAMID_FACTOR)
-    found = detect_mtcnn_batched(batch, *nets, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS, MTCNN_PYRAMID_FACTOR, device,
-                                 fixed=fixed)
-    return [int((s >= DEFAULT_THRESHOLD).sum()) for _, s, _ in found]
+    fixed = FixedCanvasPNet(pnet, side, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS[0], MTCNN_PYRAMID_FACTOR)
+
+    def driver(batch: list[np.ndarray], nets, device) -> list[int]:
+        found = detect_mtcnn_batched(batch, *nets, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS, MTCNN_PYRAMID_FACTOR,
+                                     device, fixed=fixed)
+        return [int((s >= DEFAULT_THRESHOLD).sum()) for _, s, _ in found]
+
+    return driver
 
 
 def sync(device: torch.device) -> None:
@@ -160,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
 
     nets = tuple(n().to(device).eval() for n in (PNet, RNet, ONet))
     pool = photo_pool(args.long_side)
-    _FIXED["side"] = args.long_side
+    graphed = graphed_driver(args.long_side, nets[0]) if device.type == "cuda" and not args.skip_graphs else None
     sizes = [int(b) for b in args.batch.split(",") if b.strip()]
     result = {"command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
               "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -174,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             batch = [images[i % len(images)] for i in range(b)]
             run = {"kind": kind, "batch": b}
             drivers = [("batched", batched_driver)] + ([] if args.skip_facenet else [("facenet", facenet_driver)])
-            if device.type == "cuda" and not args.skip_graphs:
-                drivers.append(("batched_graphs", graphed_driver))
+            if graphed is not None:
+                drivers.append(("batched_graphs", graphed))
             for name, driver in drivers:
                 run[name] = measure(driver, batch, nets, device, args.repeats)
                 print(f"{kind:5s} batch {b:3d} {name:8s} {run[name]['images_per_s']:8.2f} images/s", flush=True)

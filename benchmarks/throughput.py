@@ -431,17 +431,14 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(server, k):
             setattr(server, k, 0)             # count the measured pipeline run only
 
-    yield_ms = [0.0]                          # --ab-yield-to-detector sets it for its B run
-    device_results = [False]                  # --ab-device-results sets it for its B run
-    staged = [False]                          # --ab-stage-crops sets it for its B run
+    runner_options: dict = {}                 # enhance_folder arguments an A/B/A sets for its B run only
 
     def pipeline(out: str):
         """One pipelined run of the folder into work/out with this run's settings (for measure)."""
         return lambda: enhance_folder(folder, work / out, enhancer=enhancer, workers=args.workers,
                                       prepare_workers=args.prepare_workers, max_batch=batch,
                                       max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
-                                      bucket_batches=not compiled_or_graphed, yield_to_detector_ms=yield_ms[0],
-                                      device_results_only=device_results[0], stage_crops_on_device=staged[0])
+                                      bucket_batches=not compiled_or_graphed, **runner_options)
 
     print("pipeline ...", flush=True)
     runs["pipeline"], summaries["pipeline"] = measure("pipeline", pipeline("out_pipeline"), meter, device)
@@ -548,16 +545,17 @@ def main(argv: list[str] | None = None) -> int:
         n = args.ab_detector_batch
         ab_a(f"pipeline_detector_batch_{n}", f"up to {n} images per detector call, {n} prepare threads",
              "out_pipeline_db", lambda: set_det_batch(n, n, n), lambda: set_det_batch(*kept_det))
-    if args.ab_yield_to_detector:
-        ab_a("pipeline_yield_to_detector", f"generator held back up to {args.ab_yield_to_detector:g} ms while the "
-             "detector is in a call", "out_pipeline_yd", lambda: yield_ms.__setitem__(0, args.ab_yield_to_detector),
-             lambda: yield_ms.__setitem__(0, 0.0))
-    if args.ab_device_results:
-        ab_a("pipeline_device_results", "restored crops kept on the device", "out_pipeline_dr",
-             lambda: device_results.__setitem__(0, True), lambda: device_results.__setitem__(0, False))
-    if args.ab_stage_crops:
-        ab_a("pipeline_stage_crops", "crops uploaded by the prepare workers", "out_pipeline_sc",
-             lambda: staged.__setitem__(0, True), lambda: staged.__setitem__(0, False))
+    runner_ab = [("ab_yield_to_detector", "yield_to_detector_ms", "generator held back while the detector is in a "
+                  "call, at most {} ms", "pipeline_yield_to_detector"),
+                 ("ab_device_results", "device_results_only", "restored crops kept on the device",
+                  "pipeline_device_results"),
+                 ("ab_stage_crops", "stage_crops_on_device", "crops uploaded by the prepare workers",
+                  "pipeline_stage_crops")]
+    for flag, option, what, name in runner_ab:
+        value = getattr(args, flag)
+        if value:
+            ab_a(name, what.format(value), f"out_{name}", lambda o=option, v=value: runner_options.update({o: v}),
+                 runner_options.clear)
     process_detector = None
     if args.ab_detector_process:
         def run_with_process_detector(inputs, out: Path):

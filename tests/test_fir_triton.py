@@ -3,15 +3,10 @@ interpreter in a subprocess (TRITON_INTERPRET=1 must be set before Triton is imp
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from triton_interp import run_in_interpreter
 
 _SCRIPT = r"""
 import json, sys, torch
@@ -67,13 +62,7 @@ print("RESULT" + json.dumps(res))
 
 
 def test_triton_fir_matches_the_conv_path_in_interpreter():
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, env=env, timeout=600,
-                          cwd=ROOT)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
-    assert line, f"interpreter run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    res = json.loads(line[len("RESULT"):])
+    res = run_in_interpreter(_SCRIPT)
     for name in ("sym1", "sym2", "up2", "down2", "asym"):
         assert res[name + "_applies"] is True and res[name] <= 1e-6, (name, res)
     assert res["bf16_applies"] is True and res["bf16"] <= 1e-2, res

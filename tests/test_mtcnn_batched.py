@@ -494,20 +494,9 @@ def test_triton_area_resize_is_bit_identical_in_interpreter():
     """The detector's area resize as one Triton kernel (Triton's CPU interpreter) against the PyTorch version:
     the same bits for pyramid levels and box crops (strided index vectors, a 1 x 1 level, a 1-px-wide box), and
     the same detections through the whole driver on two small real photos."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from triton_interp import run_in_interpreter
 
-    pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
-    proc = subprocess.run([sys.executable, "-c", _AREA_TRITON], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=root)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
-    assert line, f"interpreter run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    res = json.loads(line[len("RESULT"):])
+    res = run_in_interpreter(_AREA_TRITON)
     assert res["applies"] and res["levels"] and res["crops"], res
     assert res["detections_equal"] and sum(res["faces"]) >= 3, res
 

@@ -68,6 +68,13 @@ def serial_run(enhancer, mixed_folder, tmp_path_factory):
     return out, enhance_folder(mixed_folder, out, enhancer=enhancer, serial=True, ext="png")
 
 
+def _copy_folder(folder: Path, dest: Path) -> Path:
+    dest.mkdir()
+    for p in folder.iterdir():
+        (dest / p.name).write_bytes(p.read_bytes())
+    return dest
+
+
 def _no_partial_files(folder: Path) -> None:
     leftovers = [p.name for p in folder.rglob("*") if p.name.endswith((".part", ".tmp")) or p.name.startswith(".")]
     assert leftovers == []
@@ -466,16 +473,9 @@ print("RESULT" + json.dumps(res))
 def test_triton_paste_matches_the_cpu_paste_in_interpreter():
     """The one-kernel GPU paste (Triton, run by its CPU interpreter) against the CPU paste and the PyTorch
     device paste: overlapping faces (the larger mask wins), a softened face, strength 1 and 0.6."""
-    pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
-    proc = subprocess.run([sys.executable, "-c", _TRITON_PASTE], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=root)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
-    assert line, f"interpreter run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-    import json
+    from triton_interp import run_in_interpreter
 
-    res = json.loads(line[len("RESULT"):])
+    res = run_in_interpreter(_TRITON_PASTE)
     assert res["available"] and res["faces"] >= 8, res
     for strength in ("1.0", "0.6"):
         apart, overlapping = res[f"apart {strength}"], res[f"overlapping {strength}"]
@@ -631,10 +631,7 @@ def test_cuda_folder_matches_serial_with_gpu_paste(mixed_folder, tmp_path):
     """On CUDA: pinned uploads, GPU conversion and GPU paste (forced) against the serial path, <= 2 grey levels."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    src = tmp_path / "in"
-    src.mkdir()
-    for p in mixed_folder.iterdir():
-        (src / p.name).write_bytes(p.read_bytes())
+    src = _copy_folder(mixed_folder, tmp_path / "in")
     _write(src / "f_big_mosaic.jpg", cv2.resize(samples.mosaic(6, 2), None, fx=2.0, fy=2.0))
     model = load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cuda")
     enh = Enhancer(EnhanceSettings(device="cuda", detector="mtcnn", batch_size=8), model=model)
@@ -656,10 +653,7 @@ def test_cuda_device_only_results_match_the_default_run(mixed_folder, tmp_path):
     saved face crops."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    src = tmp_path / "in"
-    src.mkdir()
-    for p in mixed_folder.iterdir():
-        (src / p.name).write_bytes(p.read_bytes())
+    src = _copy_folder(mixed_folder, tmp_path / "in")
     cv2.imwrite(str(src / "g_sixteen.png"), (samples.grace_hopper()[..., ::-1].astype(np.uint16) * 257))
     model = load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cuda")
     enh = Enhancer(EnhanceSettings(device="cuda", detector="mtcnn", batch_size=8), model=model)

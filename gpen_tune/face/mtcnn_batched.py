@@ -36,6 +36,8 @@ import numpy as np
 import torch
 import torchvision
 
+from gpen_tune.ops.transfer import to_device_async
+
 PNET_MAX_PIXELS = 16 * 1024 * 1024   # canvas pixels per P-Net call (~150 B/px of activations: ~2.5 GB)
 CROPS_PER_CALL = 8192                # boxes per R-Net / O-Net call
 NMS_MAX_BOXES = 32768                # P-Net candidates per NMS call (CUDA nms keeps an N x N bit mask: 128 MiB)
@@ -129,7 +131,7 @@ class _Driver:
         self.dtype = next(pnet.parameters()).dtype
         self.min_face, self.thresholds, self.factor = min_face, thresholds, factor
         self.b = len(sizes)
-        self.hw = _to_device(sizes, self.device) if hw is None else hw   # [>= B, 2] (h, w), int64
+        self.hw = to_device_async(sizes, self.device) if hw is None else hw   # [>= B, 2] (h, w), int64
         self.table = table                                     # summed-area table [>= B, H+1, W+1, 3]
 
     def run(self, maps: PNetMaps | None = None) -> list[Result]:
@@ -158,8 +160,8 @@ class _Driver:
         chunks, planes = _pyramid_plan(self.sizes, scales, n_scales, budget)
         if not chunks:
             return torch.zeros((0, 5), device=self.device), torch.zeros(0, dtype=torch.long, device=self.device)
-        planes = _to_device(planes, self.device)                      # [P, 3] image id, level h, level w
-        table = _to_device(_chunk_table(chunks), self.device)         # [C, 5] see _chunk_table
+        planes = to_device_async(planes, self.device)                      # [P, 3] image id, level h, level w
+        table = to_device_async(_chunk_table(chunks), self.device)         # [C, 5] see _chunk_table
         mask, feats, edges = pnet_maps(self.pnet, self.table, self.hw, chunks, planes, self.thresholds[0])
         return self._candidates(PNetMaps(self.table, self.sizes, self.hw, planes, table, mask, feats, edges))
 
@@ -558,14 +560,6 @@ def _spans(bounds: list[int], limit: int) -> list[tuple[int, int]]:
             spans.append((a, bounds[i - 1]))
             a = bounds[i - 1]
     return spans + [(a, bounds[-1])]
-
-
-def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A small host array on the device without a host sync: a plain (pageable) CUDA upload waits for the stream
-    to drain, a pinned non_blocking one does not (the pinned buffer is kept until the copy is done)."""
-    if device.type != "cuda":
-        return torch.as_tensor(array, device=device)
-    return torch.from_numpy(np.ascontiguousarray(array)).pin_memory().to(device, non_blocking=True)
 
 
 def _empty() -> Result:

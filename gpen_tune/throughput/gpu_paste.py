@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from gpen_tune.ops.transfer import to_device_async
 from gpen_tune.throughput import paste_triton
 
 SMOOTH = torch.tensor([[1.0, 2.0, 1.0], [2.0, 4.0, 2.0], [1.0, 2.0, 1.0]]) / 16.0
@@ -146,13 +147,8 @@ def _paste_triton(src: torch.Tensor, kept: list[tuple[DeviceFace, tuple[int, int
         coefs[i] = [a[0, 0], a[0, 1], a[0, 0] * ux0 + a[0, 1] * uy0 + a[0, 2],
                     a[1, 0], a[1, 1], a[1, 0] * ux0 + a[1, 1] * uy0 + a[1, 2]]
         rois[i] = [roi[0] - ux0, roi[1] - uy0, roi[2] - ux0, roi[3] - uy0]
-    return paste_triton.paste_union(src, crops, mask, _small_upload(coefs.astype(np.float32), dev),
-                                    _small_upload(rois, dev), strength)
-
-
-def _small_upload(array: np.ndarray, dev: torch.device) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(array))
-    return t.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else t.to(dev)
+    return paste_triton.paste_union(src, crops, mask, to_device_async(coefs.astype(np.float32), dev),
+                                    to_device_async(rois, dev), strength)
 
 
 _masks: dict[tuple[int, str], tuple[object, torch.Tensor]] = {}

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from gpen_tune.ops.transfer import thread_stream
 from gpen_tune.throughput.batching import BUCKETS, bucket_floor
 
 RestoreFn = Callable[[torch.Tensor], torch.Tensor]
@@ -146,7 +147,7 @@ class CropRestorer:
         view = host.numpy()
         for i, c in enumerate(crops):
             view[i] = c
-        stream = _thread_stream(self.device)
+        stream = thread_stream(self.device)
         with torch.cuda.stream(stream):
             dev = host.to(self.device, non_blocking=True)
         stream.synchronize()
@@ -300,17 +301,6 @@ class FixedBatch:
 
     def recover(self, x: torch.Tensor) -> torch.Tensor:
         return self.restore.recover(x)
-
-
-_local = threading.local()
-
-
-def _thread_stream(device: torch.device) -> torch.cuda.Stream:
-    """One CUDA stream per calling thread for `CropRestorer.stage` (its copies do not queue behind the generator)."""
-    key = str(device)
-    if getattr(_local, "key", None) != key:
-        _local.stream, _local.key = torch.cuda.Stream(device=device), key
-    return _local.stream
 
 
 def join_parts(parts: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -161,6 +161,7 @@ class EnhancerStages:
         import torch
 
         from gpen_tune.face.paste import face_mask, is_small_face
+        from gpen_tune.ops.transfer import thread_stream
         from gpen_tune.throughput.gpu_paste import DeviceFace, paste_faces_device
 
         t = time.perf_counter()
@@ -169,7 +170,7 @@ class EnhancerStages:
                             soften=s.soften_small_faces and face.detection is not None
                             and is_small_face(face.detection.box))
                  for face, dev in zip(job.faces, restored_device, strict=True)]
-        stream = _side_stream(restored_device[0].device)           # off the generator's stream
+        stream = thread_stream(restored_device[0].device)          # off the generator's stream
         with torch.cuda.stream(stream):
             pixels = paste_faces_device(job.picture.rgb, faces, s.strength)
         stream.synchronize()
@@ -202,19 +203,6 @@ def _install_process_detector(enhancer: Any) -> None:
     spec = (DetectorSpec.from_settings(s, enhancer.device) if det is None
             else DetectorSpec.of(det, s.detector_weights))
     enhancer._detector = ProcessDetector(spec)
-
-
-_local = threading.local()
-
-
-def _side_stream(device: Any) -> Any:
-    """One CUDA stream per finish thread, so paste-back overlaps the generator instead of queueing behind it."""
-    import torch
-
-    stream = getattr(_local, "stream", None)
-    if stream is None or stream.device != device:
-        stream = _local.stream = torch.cuda.Stream(device=device)
-    return stream
 
 
 class SharedDetector:
