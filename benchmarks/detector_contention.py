@@ -51,8 +51,15 @@ def profile_call(det, images) -> dict:
     wall = time.perf_counter() - t0
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     gpu_us = sum(e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total for e in kernels)
+    by_name: dict[str, list] = {}
+    for e in kernels:
+        row = by_name.setdefault(e.name[:70], [0.0, 0])
+        row[0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        row[1] += 1
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:12]
     return {"condition": "profile: one call alone", "wall_ms_under_profiler": round(1e3 * wall, 1),
             "gpu_kernel_ms": round(gpu_us / 1e3, 2), "kernels": len(kernels),
+            "top_kernels": [{"name": k, "ms": round(v[0] / 1e3, 2), "count": v[1]} for k, v in top],
             "cpu_ops": sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU
                            and e.name.startswith("aten::"))}
 

@@ -21,7 +21,9 @@
 #   benchmarks/h200_session.sh part31  # session 5: pipeline A/B/A with 64-image detector calls; 1,024-photo folder (~4 min)
 #   benchmarks/h200_session.sh part32  # session 5: pipeline vs detector process; all GPU tests (~5 min)
 #   benchmarks/h200_session.sh part33  # session 5, at 097a0b2 (its R-Net / O-Net graphs were reverted after this run: 455 vs 426 / 458 faces/s): detector GPU tests; pipeline A/B/A (~3 min)
-#   benchmarks/h200_session.sh part34  # next: GPU tests; pipeline A/B/A with device-only results, crops staged by the prepare workers, the generator yielding to the detector (~9 min)
+#   benchmarks/h200_session.sh part34  # session 6: GPU tests; pipeline A/B/A with device-only results and with crops staged by the prepare workers (~5 min)
+#   benchmarks/h200_session.sh part35  # session 6: pipeline A/B/A with the generator yielding to the detector, 256 and 1,024 photos (~5 min)
+#   benchmarks/h200_session.sh part36  # session 6: CPU seconds per thread kind in a 1,024-photo run; the detector's kernels by name (~3 min)
 #   benchmarks/h200_session.sh part24  # session 5: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
 #   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
@@ -352,6 +354,8 @@ case "${1:-part1}" in
     step "pipeline A/B/A: crops uploaded by the prepare workers (GPU stage gathers on the device)"
     timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-stage-crops --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    ;;
+  part35)
     step "pipeline A/B/A: generator held back (at most 30 ms) while the detector is inside a call"
     timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-yield-to-detector 30 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
@@ -359,7 +363,15 @@ case "${1:-part1}" in
     timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
       --skip-serial --ab-yield-to-detector 30 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part34" >&2; exit 2 ;;
+  part36)
+    step "pipeline on 1,024 photos with CPU seconds per kind of thread (which stage is CPU-bound?)"
+    timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --out "$DEST" 2>&1 | tail -8 >> "$LOG"
+    step "detector alone under the profiler, P-Net graphs and eager: where its GPU time goes"
+    timeout 150 "$PY" benchmarks/detector_contention.py --profile --ab-pnet-graphs --calls 6 --out "$DEST" 2>&1 \
+      | grep -v -i warn | tail -12 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part36" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

@@ -155,13 +155,37 @@ class BusyMeter:
         return self.cpu_s + sum(s.elapsed_time(e) for s, e in self.events) / 1000.0
 
 
+def _thread_cpu_ticks() -> dict[int, int]:
+    """CPU time (user + system, clock ticks) of every live thread of this process, by native thread id."""
+    ticks = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks[int(tid)] = int(fields[11]) + int(fields[12])     # utime, stime (fields 14, 15 of stat)
+        except (OSError, IndexError, ValueError):
+            pass
+    return ticks
+
+
+def _thread_group(name: str) -> str:
+    """gpen-prep17 -> gpen-prep: one row per kind of thread."""
+    return name.rstrip("0123456789") or name
+
+
 class Sampler:
-    """Background sampling of host RSS (and NVML GPU utilisation when pynvml is importable)."""
+    """Background sampling of host RSS, CPU seconds per kind of thread (is a stage CPU-bound or waiting?), and
+    NVML GPU utilisation when pynvml is importable."""
 
     def __init__(self, device: torch.device, period: float = 0.05):
         self.period = period
         self.rss_peak = 0
         self.util: list[float] = []
+        self._ticks0: dict[int, int] = {}
+        self._ticks: dict[int, int] = {}
+        self._names: dict[int, str] = {}
+        self._times0 = os.times()
+        self.process_cpu_s = 0.0
         self._stop = threading.Event()
         self._nvml = None
         if device.type == "cuda":
@@ -175,9 +199,33 @@ class Sampler:
                 self._nvml = None
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def _sample_threads(self) -> None:
+        if not os.path.isdir("/proc/self/task"):
+            return
+        for t in threading.enumerate():
+            if t.native_id is not None:
+                self._names[t.native_id] = _thread_group(t.name)
+        self._ticks.update(_thread_cpu_ticks())
+
+    def cpu_by_thread(self) -> dict[str, dict]:
+        """CPU seconds during the run per kind of thread (threads not started by Python: "native"), with the
+        number of threads; threads that ended between two samples lose their last period."""
+        hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        out: dict[str, dict] = {}
+        for tid, ticks in self._ticks.items():
+            used = (ticks - self._ticks0.get(tid, 0)) / hz
+            if used <= 0:
+                continue
+            row = out.setdefault(self._names.get(tid, "native"), {"cpu_s": 0.0, "threads": 0})
+            row["cpu_s"] += used
+            row["threads"] += 1
+        return {k: {"cpu_s": round(v["cpu_s"], 2), "threads": v["threads"]}
+                for k, v in sorted(out.items(), key=lambda kv: -kv[1]["cpu_s"])}
+
     def _run(self) -> None:
         page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
         while not self._stop.is_set():
+            self._sample_threads()
             try:
                 with open("/proc/self/statm") as f:
                     self.rss_peak = max(self.rss_peak, int(f.read().split()[1]) * page)
@@ -189,12 +237,18 @@ class Sampler:
             self._stop.wait(self.period)
 
     def __enter__(self):
+        if os.path.isdir("/proc/self/task"):
+            self._ticks0 = _thread_cpu_ticks()
+        self._times0 = os.times()
         self._thread.start()
         return self
 
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+        self._sample_threads()
+        t1 = os.times()
+        self.process_cpu_s = (t1.user - self._times0.user) + (t1.system - self._times0.system)
 
 
 # ---------------------------------------------------------------------------------------------------- runs
@@ -227,6 +281,8 @@ def measure(name: str, run, meter: BusyMeter, device: torch.device) -> dict:
         "gpu_busy": round(gen / wall, 3) if device.type == "cuda" else None,
         "nvml_util_mean": round(float(np.mean(sampler.util)), 3) if sampler.util else None,
         "peak_host_rss_mib": round(sampler.rss_peak / 2**20, 1),
+        "process_cpu_cores": round(sampler.process_cpu_s / wall, 2),      # mean busy cores of this process
+        "cpu_by_thread": sampler.cpu_by_thread(),
         "stages": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in summary.stages.items()},
     }
     if device.type == "cuda":
