@@ -112,40 +112,6 @@ def test_pipeline_matches_serial_on_mixed_folder(enhancer, mixed_folder, serial_
     assert set(piped.stages["batch_sizes"]) <= {1, 2, 4}
 
 
-def test_yield_to_detector_keeps_the_serial_outputs(enhancer, mixed_folder, tmp_path):
-    """With generator batches held back while the detector thread is in a call: same files, same pixels (within
-    the tolerance; PNG, so no JPEG rounding on top), and the wait is reported; the flag the runner watches is the
-    detector thread's own."""
-    serial = enhance_folder(mixed_folder, tmp_path / "s", enhancer=enhancer, serial=True, ext="png")
-    piped = enhance_folder(mixed_folder, tmp_path / "p", enhancer=enhancer, workers=2, max_batch=4, ext="png",
-                           yield_to_detector_ms=50)
-    assert [r.status for r in piped.results] == [r.status for r in serial.results]
-    for r_s, r_p in zip(serial.results[:4], piped.results[:4], strict=True):
-        assert np.abs(cv2.imread(str(r_s.output)).astype(int) - cv2.imread(str(r_p.output)).astype(int)).max() \
-            <= TOLERANCE, r_s.path.name
-    assert piped.stages["detector_yield_s"] >= 0.0
-    stages = EnhancerStages(enhancer, OutputNaming(tmp_path), [])
-    assert stages.detector_active is enhancer._detector.active and not stages.detector_active.is_set()
-
-
-def test_finish_downloads_device_only_crops_when_the_host_needs_them(enhancer, tmp_path):
-    """The runner's device-only results: `finish` gets None host crops plus the device tensors (CPU tensors here)
-    and, pasting on the CPU, downloads them: the same file as with host crops, and the saved face crops too."""
-    src = _write(tmp_path / "astro.png", samples.astronaut())
-    outs = {}
-    for kind in ("host", "device_only"):
-        stages = EnhancerStages(enhancer, OutputNaming(tmp_path / kind), [src], save_faces=True)
-        item = stages.prepare(0, src)
-        restored = list(enhancer.restore_crops(stages.crops(item)))
-        if kind == "host":
-            out = stages.finish(item, restored)
-        else:
-            out = stages.finish(item, [None] * len(restored), [torch.from_numpy(r) for r in restored])
-        outs[kind] = (cv2.imread(str(out)), sorted(p.name for p in (tmp_path / kind / "faces").iterdir()))
-    assert np.array_equal(outs["host"][0], outs["device_only"][0]) and outs["host"][1] == outs["device_only"][1]
-    assert np.abs(outs["host"][0].astype(int) - cv2.imread(str(src)).astype(int)).max() > 20
-
-
 def test_results_in_input_order_and_named_as_serial(enhancer, tmp_path):
     src = tmp_path / "in"
     src.mkdir()
@@ -643,35 +609,6 @@ def test_cuda_folder_matches_serial_with_gpu_paste(mixed_folder, tmp_path):
         if a.output is not None:
             x, y = cv2.imread(str(a.output)).astype(int), cv2.imread(str(b.output)).astype(int)
             assert np.abs(x - y).max() <= TOLERANCE, a.path.name
-    enh.close()
-
-
-@pytest.mark.gpu
-def test_cuda_device_only_results_match_the_default_run(mixed_folder, tmp_path):
-    """On CUDA: restored crops kept on the device (no per-batch download), and crops uploaded by the prepare
-    workers themselves, give the default run's files, also for an image pasted on the CPU (16-bit PNG) and with
-    saved face crops."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    src = _copy_folder(mixed_folder, tmp_path / "in")
-    cv2.imwrite(str(src / "g_sixteen.png"), (samples.grace_hopper()[..., ::-1].astype(np.uint16) * 257))
-    model = load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cuda")
-    enh = Enhancer(EnhanceSettings(device="cuda", detector="mtcnn", batch_size=8), model=model)
-    variants = {"default": {}, "device_results": {"device_results_only": True},
-                "staged": {"stage_crops_on_device": True}, "both": {"device_results_only": True,
-                                                                   "stage_crops_on_device": True}}
-    runs = {name: enhance_folder(src, tmp_path / name, enhancer=enh, workers=2, ext="png", save_faces=True,
-                                 max_batch=1, **kw) for name, kw in variants.items()}
-    base = runs["default"]
-    assert base.faces >= 7
-    for name, run in runs.items():
-        assert [r.status for r in run.results] == [r.status for r in base.results] and run.faces == base.faces
-        for a, b in zip(base.results, run.results, strict=True):
-            if a.output is not None:
-                assert np.array_equal(cv2.imread(str(a.output), cv2.IMREAD_UNCHANGED),
-                                      cv2.imread(str(b.output), cv2.IMREAD_UNCHANGED)), (name, a.path.name)
-        faces = sorted(p.name for p in (tmp_path / name / "faces").iterdir())
-        assert faces == sorted(p.name for p in (tmp_path / "default" / "faces").iterdir()), name
     enh.close()
 
 

@@ -36,9 +36,6 @@ def enhance_folder(
     max_inflight: int | None = None,
     paste: str = "auto",
     detect_batch: int = 1,
-    yield_to_detector_ms: float = 0.0,
-    device_results_only: bool = False,
-    stage_crops_on_device: bool = False,
     ext: str | None = None,
     suffix: str = "",
     stems: Sequence[str] | None = None,
@@ -66,12 +63,6 @@ def enhance_folder(
         paste: "auto" | "cpu" | "gpu" paste-back (GPU only on CUDA with the default mask).
         detect_batch: images a prepare worker decodes and detects together (one batched detector call for
             same-size images; worth it with the detector on the GPU).
-        yield_to_detector_ms: hold each generator batch back while the detector thread is inside a call, at most
-            this long (0 = never; an experiment, not yet measured on a GPU: RunnerConfig).
-        device_results_only: with GPU paste, restored crops are not downloaded per batch (only where the host
-            needs one); an experiment, not yet measured on a GPU (RunnerConfig).
-        stage_crops_on_device: prepare workers upload their crops themselves; an experiment, not yet measured on a
-            GPU (RunnerConfig).
         serial: run the serial driver `enhance_paths` instead (the old path; same outputs).
         bucket_batches: batches of bucket sizes (1, 2, 4, ...); False takes up to max_batch at once (for a
             restorer that pads every batch to one shape, e.g. `FixedBatch`).
@@ -103,9 +94,7 @@ def enhance_folder(
         stages = EnhancerStages(enhancer, naming, paths, stems, paste, save_faces, save_comparison,
                                 detector_process=detector_process)
         cfg = RunnerConfig(workers=workers, max_batch=batch, max_wait_ms=max_wait_ms, max_inflight=max_inflight,
-                           bucket_batches=bucket_batches, detect_batch=detect_batch, prepare_workers=prepare_workers,
-                           yield_to_detector_ms=yield_to_detector_ms, device_results_only=device_results_only,
-                           stage_crops_on_device=stage_crops_on_device)
+                           bucket_batches=bucket_batches, detect_batch=detect_batch, prepare_workers=prepare_workers)
         return run_pipeline(paths, stages, restorer, cfg, on_result=on_result, before_restore=stages.before_restore,
                             restored_on_device=stages.device_paste_possible)
     finally:

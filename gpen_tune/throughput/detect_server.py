@@ -50,7 +50,6 @@ class BatchingDetector:
         self.images = 0
         self.largest = 0
         self.busy_s = 0.0                 # wall time inside detector calls (its share of a run: is it the limit?)
-        self.active = threading.Event()   # set while a detector call runs (the runner may hold the generator back)
 
     @property
     def inner(self) -> Any:
@@ -85,11 +84,7 @@ class BatchingDetector:
         images = [im for r in batch for im in r.images]
         start_s = time.perf_counter()
         try:
-            self.active.set()
-            try:
-                found = self._detect_on_own_stream(images)
-            finally:
-                self.active.clear()
+            found = self._detect_on_own_stream(images)
             self.busy_s += time.perf_counter() - start_s
             self.calls += 1
             self.images += len(images)

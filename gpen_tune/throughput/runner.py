@@ -70,15 +70,6 @@ class RunnerConfig:
     bucket_batches: bool = True           # batches are bucket sizes; False: take up to the limit (padded restorer)
     detect_batch: int = 1                 # images a prepare worker takes at once (one batched detector call)
     prepare_workers: int | None = None    # decode/detect/align threads (default: see `resolved`)
-    # hold a generator batch back while the detector thread is inside a call, at most this long (0 = never): an
-    # experiment for GPUs shared without MPS, where the detector's small kernels queue behind the generator's
-    yield_to_detector_ms: float = 0.0
-    # with GPU paste-back: restored crops stay on the device (no download per batch); `finish` downloads a crop
-    # only when it needs one on the host (CPU paste, saved faces). Off by default until measured on a GPU.
-    device_results_only: bool = False
-    # CUDA: each prepare worker uploads its image's crops itself (pinned, own stream) and the GPU stage gathers
-    # them on the device instead of copying every batch through one pinned buffer. Off until measured on a GPU.
-    stage_crops_on_device: bool = False
 
     def resolved(self, device_type: str) -> tuple[int, int, int, int]:
         """(workers, prepare_workers, max_batch, max_inflight) with the defaults filled in.
@@ -180,7 +171,6 @@ class _JobState:
     remaining: int
     restored_device: list[Any] | None = None
     failed: bool = False
-    device_crops: Any = None          # [k,S,S,3] uint8 on the device (RunnerConfig.stage_crops_on_device)
 
 
 def run_pipeline(
@@ -227,10 +217,6 @@ class _Run:
         self.take = bucket_floor if config.bucket_batches else (lambda n, limit: min(n, limit))
         self.before_restore = before_restore
         self.on_device = restored_on_device
-        self.host_copy = not (config.device_results_only and restored_on_device)
-        self.stage_crops = config.stage_crops_on_device and restorer.device.type == "cuda"
-        self.yield_s = config.yield_to_detector_ms / 1000.0
-        self.detector_active = getattr(stages, "detector_active", None) if self.yield_s > 0 else None
         self.stop = threading.Event()
         self.interrupted = threading.Event()
         self.slots = threading.Semaphore(self.max_inflight)
@@ -240,7 +226,7 @@ class _Run:
         self.finish_q = _Queue(2 * self.workers)
         self.result_q: queue.Queue = queue.Queue()   # unbounded but holds at most max_inflight results
         self.t = {"prepare_s": 0.0, "finish_s": 0.0, "gpu_wait_input_s": 0.0, "gpu_wait_output_s": 0.0,
-                  "gpu_stage_s": 0.0, "detector_yield_s": 0.0}
+                  "gpu_stage_s": 0.0}
         self._t_lock = threading.Lock()
 
     # -- plumbing ---------------------------------------------------------------------------------------------
@@ -349,12 +335,6 @@ class _Run:
                         self._fail(i, exc)
                         continue
                     state = _JobState(i, self.paths[i], job, crops, [None] * len(crops), len(crops))
-                    if self.stage_crops and crops:
-                        try:
-                            state.device_crops = self.restorer.stage(crops)
-                        except Exception as exc:
-                            self._fail(i, exc)
-                            continue
                     if not self._put(self.ready_q, state):
                         return
         finally:
@@ -426,13 +406,8 @@ class _Run:
                 return True
             if self.before_restore is not None:
                 self.before_restore()
-            self._yield_to_detector()
             try:
-                crops = [s.crops[k] for s, k in entries]
-                staged = None
-                if all(s.device_crops is not None for s, _ in entries):
-                    staged = [s.device_crops[k] for s, k in entries]
-                batch = self.restorer.submit(crops, host_copy=self.host_copy, device_crops=staged)
+                batch = self.restorer.submit([s.crops[k] for s, k in entries])
             except KeyboardInterrupt:
                 raise
             except Exception as exc:
@@ -491,17 +466,6 @@ class _Run:
         for _ in range(self.workers):
             if not self._put(self.finish_q, None):
                 break
-
-    def _yield_to_detector(self) -> None:
-        """RunnerConfig.yield_to_detector_ms: wait while the detector is inside a call, at most that long."""
-        active = self.detector_active
-        if active is None or not active.is_set():
-            return
-        t0 = time.perf_counter()
-        deadline = t0 + self.yield_s
-        while active.is_set() and not self.stop.is_set() and time.perf_counter() < deadline:
-            time.sleep(_BUSY_POLL_S)
-        self.t["detector_yield_s"] += time.perf_counter() - t0
 
     def _fail_entries(self, entries: list[tuple[_JobState, int]], exc: BaseException) -> None:
         for state, _ in entries:

@@ -73,12 +73,6 @@ class EnhancerStages:
         return (self.paste != "cpu" and self.enhancer.device.type == "cuda" and s.face_crop and not s.aligned
                 and not s.parse_mask and s.strength > 0)
 
-    @property
-    def detector_active(self) -> threading.Event | None:
-        """Set while the detector thread is inside a call (None without a detector thread)."""
-        active = getattr(self.enhancer._detector, "active", None)
-        return active if isinstance(active, threading.Event) else None
-
     def before_restore(self) -> None:
         hook = getattr(self.enhancer._detector, "before_restore", None)
         if hook:
@@ -110,18 +104,11 @@ class EnhancerStages:
         """The runner's per-face share of its batch's time, as the serial path's "restore" timing."""
         item.job.add_time("restore", seconds)
 
-    def finish(self, item: _Item, restored: list[np.ndarray | None],
-               restored_device: list[Any] | None = None) -> Path:
-        """Paste back, encode, write. A None in `restored` (the runner kept that crop on the device only) is
-        downloaded from `restored_device` when the host needs it: CPU paste or saved face crops."""
+    def finish(self, item: _Item, restored: list[np.ndarray], restored_device: list[Any] | None = None) -> Path:
         job = item.job
-        on_device = restored_device is not None and self._use_device_paste(job)
-        need_host = not on_device or self.save_faces
-        for i, (face, crop) in enumerate(zip(job.faces, restored, strict=False)):   # empty when strength is 0
-            if crop is None and need_host:
-                crop = restored_device[i].cpu().numpy()
+        for face, crop in zip(job.faces, restored, strict=False):   # empty when strength is 0
             face.restored = crop
-        if on_device:
+        if restored_device is not None and self._use_device_paste(job):
             self._finish_on_device(job, restored_device)
         else:
             self.enhancer.finish(job)
