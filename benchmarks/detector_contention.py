@@ -157,6 +157,8 @@ def main() -> None:
     ap.add_argument("--before", type=Path, default=None, help="an earlier mtcnn_batched.py: A/B in the same run")
     ap.add_argument("--ab-pnet-graphs", action="store_true",
                     help="A/B in the same run: the detector's P-Net from CUDA graphs (default) vs eager")
+    ap.add_argument("--ab-nms-torchvision", action="store_true",
+                    help="A/B in the same run: the detector's NMS per group in Triton (default) vs torchvision's")
     ap.add_argument("--gil-split", action="store_true",
                     help="the decode load in 8 / 16 / N threads and in N processes: is the slowdown the GIL?")
     ap.add_argument("--profile", action="store_true", help="also profile one call alone (GPU vs host time)")
@@ -233,17 +235,24 @@ def main() -> None:
     def driver(label: str):
         """The detector's batched MTCNN driver: this checkout's, or the --before file's (same networks); "eager":
         this checkout's without the P-Net CUDA graphs."""
+        from gpen_tune.face import nms_triton
+
         kept, kept_graphs = current.detect_mtcnn_batched, det.pnet_graphs
         if label == "before":
             current.detect_mtcnn_batched = before.detect_mtcnn_batched
         if label == "eager":
             det.pnet_graphs = False
+        if label == "nms_torchvision":
+            nms_triton.USE_TRITON = False
         try:
             yield
         finally:
             current.detect_mtcnn_batched, det.pnet_graphs = kept, kept_graphs
+            nms_triton.USE_TRITON = True
 
     labels = ["after", "before"] if before else ["after"]
+    if args.ab_nms_torchvision:
+        labels.append("nms_torchvision")
     if args.ab_pnet_graphs:
         labels.append("eager")
         if cuda:

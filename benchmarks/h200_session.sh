@@ -21,9 +21,11 @@
 #   benchmarks/h200_session.sh part31  # session 5: pipeline A/B/A with 64-image detector calls; 1,024-photo folder (~4 min)
 #   benchmarks/h200_session.sh part32  # session 5: pipeline vs detector process; all GPU tests (~5 min)
 #   benchmarks/h200_session.sh part33  # session 5, at 097a0b2 (its R-Net / O-Net graphs were reverted after this run: 455 vs 426 / 458 faces/s): detector GPU tests; pipeline A/B/A (~3 min)
-#   benchmarks/h200_session.sh part34  # session 6: GPU tests; pipeline A/B/A with device-only results and with crops staged by the prepare workers (~5 min)
-#   benchmarks/h200_session.sh part35  # session 6: pipeline A/B/A with the generator yielding to the detector, 256 and 1,024 photos (~5 min)
+#   benchmarks/h200_session.sh part34  # session 6 (run 2026-12-01; flags since removed): GPU tests; pipeline A/B/A with device-only results and with crops staged by the prepare workers (~5 min)
+#   benchmarks/h200_session.sh part35  # session 6 (run 2026-12-01; flags since removed): pipeline A/B/A with the generator yielding to the detector, 256 and 1,024 photos (~5 min)
 #   benchmarks/h200_session.sh part36  # session 6: CPU seconds per thread kind in a 1,024-photo run; the detector's kernels by name (~3 min)
+#   benchmarks/h200_session.sh part37  # session 6: detector GPU tests; NMS per group (Triton) vs torchvision's: detector alone, pipeline A/B/A (~5 min)
+#   benchmarks/h200_session.sh part38  # session 6: runner GPU tests; A/B/A of the GPU stage's per-batch host copies and of a 1 ms GIL switch interval (~5 min)
 #   benchmarks/h200_session.sh part24  # session 5: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
 #   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
@@ -345,7 +347,7 @@ case "${1:-part1}" in
     timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-crop-graphs --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  part34)
+  part34)   # run 2026-12-01; --ab-device-results / --ab-stage-crops since removed (last in 77e1b11)
     step "GPU tests: throughput (device-only results are new)"
     timeout 150 "$PY" -m pytest -q -m gpu tests/test_throughput.py -p no:cacheprovider 2>&1 | tail -5 >> "$LOG"
     step "pipeline A/B/A: restored crops kept on the device (no per-batch download)"
@@ -355,7 +357,7 @@ case "${1:-part1}" in
     timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-stage-crops --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  part35)
+  part35)   # run 2026-12-01; --ab-yield-to-detector since removed (last in 77e1b11)
     step "pipeline A/B/A: generator held back (at most 30 ms) while the detector is inside a call"
     timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-yield-to-detector 30 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
@@ -371,7 +373,29 @@ case "${1:-part1}" in
     timeout 150 "$PY" benchmarks/detector_contention.py --profile --ab-pnet-graphs --calls 6 --out "$DEST" 2>&1 \
       | grep -v -i warn | tail -12 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part36" >&2; exit 2 ;;
+  part37)
+    step "GPU tests: detector (the per-group NMS kernel is new) and runner (three experiments removed)"
+    timeout 200 "$PY" -m pytest -q -m gpu tests/test_mtcnn_batched.py tests/test_throughput.py -p no:cacheprovider \
+      2>&1 | grep -v -i warn | tail -25 >> "$LOG"
+    step "detector alone, profiled and timed: NMS per group (Triton) vs torchvision's, same run"
+    timeout 150 "$PY" benchmarks/detector_contention.py --profile --ab-nms-torchvision --calls 6 --out "$DEST" 2>&1 \
+      | grep -v -i warn | tail -12 >> "$LOG"
+    step "pipeline A/B/A on 1,024 photos: NMS per group vs torchvision's"
+    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --ab-nms-torchvision --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    ;;
+  part38)
+    step "GPU tests: runner (one host copy per batch each way in the GPU stage)"
+    timeout 150 "$PY" -m pytest -q -m gpu tests/test_throughput.py -p no:cacheprovider 2>&1 | grep -v -i warn \
+      | tail -15 >> "$LOG"
+    step "pipeline A/B/A on 1,024 photos: GPU stage host copies per crop vs one per batch"
+    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --ab-per-crop-copies --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    step "pipeline A/B/A on 1,024 photos: GIL switch interval 1 ms vs 5 ms"
+    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --ab-switch-interval 0.001 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part38" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

@@ -407,19 +407,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="A/B/A in the same run: the GPU paste in PyTorch calls instead of one Triton kernel")
     ap.add_argument("--ab-paste", default=None, choices=("auto", "cpu", "gpu"),
                     help="A/B/A in the same run: the pipeline with this --paste instead")
+    ap.add_argument("--ab-per-crop-copies", action="store_true",
+                    help="A/B/A in the same run: the GPU stage's host copies per crop vs one per batch (default)")
+    ap.add_argument("--ab-nms-torchvision", action="store_true",
+                    help="A/B/A in the same run: the detector's NMS through torchvision's nms vs the per-group kernel")
     ap.add_argument("--ab-area-torch", action="store_true",
                     help="A/B/A in the same run: the detector's area resize in PyTorch calls instead of one Triton "
                          "kernel (P-Net graphs re-captured before each timed run)")
     ap.add_argument("--ab-detector-batch", type=int, default=None, metavar="N",
                     help="A/B/A in the same run: up to N images per detector call and N prepare threads (P-Net "
                          "graphs captured up to N before the timed run)")
-    ap.add_argument("--ab-yield-to-detector", type=float, default=None, metavar="MS",
-                    help="A/B/A in the same run: hold generator batches back while the detector is in a call, at "
-                         "most MS ms each")
-    ap.add_argument("--ab-device-results", action="store_true",
-                    help="A/B/A in the same run: restored crops kept on the device (no per-batch download)")
-    ap.add_argument("--ab-stage-crops", action="store_true",
-                    help="A/B/A in the same run: prepare workers upload their crops themselves")
     ap.add_argument("--workdir", type=Path, default=None, help="where the folders go (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -487,14 +484,12 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(server, k):
             setattr(server, k, 0)             # count the measured pipeline run only
 
-    runner_options: dict = {}                 # enhance_folder arguments an A/B/A sets for its B run only
-
     def pipeline(out: str):
         """One pipelined run of the folder into work/out with this run's settings (for measure)."""
         return lambda: enhance_folder(folder, work / out, enhancer=enhancer, workers=args.workers,
                                       prepare_workers=args.prepare_workers, max_batch=batch,
                                       max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
-                                      bucket_batches=not compiled_or_graphed, **runner_options)
+                                      bucket_batches=not compiled_or_graphed)
 
     print("pipeline ...", flush=True)
     runs["pipeline"], summaries["pipeline"] = measure("pipeline", pipeline("out_pipeline"), meter, device)
@@ -589,6 +584,22 @@ def main(argv: list[str] | None = None) -> int:
 
         ab_a("pipeline_area_torch", "detector's area resize in PyTorch calls", "out_pipeline_at",
              lambda: set_area(False), lambda: set_area(True))
+    if args.ab_per_crop_copies:
+        from gpen_tune.throughput import restorer as restorer_module
+
+        def set_copies(value):
+            restorer_module.BATCHED_COPIES = value
+
+        ab_a("pipeline_per_crop_copies", "GPU stage fills / empties its pinned buffers one crop at a time",
+             "out_pipeline_pc", lambda: set_copies(False), lambda: set_copies(True))
+    if args.ab_nms_torchvision:
+        from gpen_tune.face import nms_triton
+
+        def set_nms(value):
+            nms_triton.USE_TRITON = value
+
+        ab_a("pipeline_nms_torchvision", "detector's NMS through torchvision (one greedy pass over all groups)",
+             "out_pipeline_nt", lambda: set_nms(False), lambda: set_nms(True))
     if args.ab_detector_batch:
         mtcnn = getattr(server, "_inner", server)
         kept_det = (mtcnn.max_batch, server._max_images, args.prepare_workers)
@@ -601,17 +612,6 @@ def main(argv: list[str] | None = None) -> int:
         n = args.ab_detector_batch
         ab_a(f"pipeline_detector_batch_{n}", f"up to {n} images per detector call, {n} prepare threads",
              "out_pipeline_db", lambda: set_det_batch(n, n, n), lambda: set_det_batch(*kept_det))
-    runner_ab = [("ab_yield_to_detector", "yield_to_detector_ms", "generator held back while the detector is in a "
-                  "call, at most {} ms", "pipeline_yield_to_detector"),
-                 ("ab_device_results", "device_results_only", "restored crops kept on the device",
-                  "pipeline_device_results"),
-                 ("ab_stage_crops", "stage_crops_on_device", "crops uploaded by the prepare workers",
-                  "pipeline_stage_crops")]
-    for flag, option, what, name in runner_ab:
-        value = getattr(args, flag)
-        if value:
-            ab_a(name, what.format(value), f"out_{name}", lambda o=option, v=value: runner_options.update({o: v}),
-                 runner_options.clear)
     process_detector = None
     if args.ab_detector_process:
         def run_with_process_detector(inputs, out: Path):

@@ -524,3 +524,121 @@ def test_cuda_triton_area_resize_is_bit_identical():
     finally:
         area_triton.USE_TRITON = True
     assert torch.equal(got, want) and bool((want != 0).any())
+
+
+_NMS_TRITON = r"""
+import json
+import cv2, numpy as np, torch
+from gpen_tune.face import nms_triton, samples
+from gpen_tune.face import mtcnn_batched as mb
+from gpen_tune.face.detect import MTCNN_MIN_FACE, MTCNN_PYRAMID_FACTOR, MTCNN_STAGE_THRESHOLDS
+from facenet_pytorch.models.mtcnn import ONet, PNet, RNet
+
+
+def greedy(boxes, scores, groups, iou):
+    # the definition: per group, descending score (ties: lower index), IoU > float32(iou) suppresses
+    b, s, g = boxes.double().numpy(), scores.double().numpy(), groups.numpy()
+    order = sorted(range(len(b)), key=lambda i: (-s[i], i))
+    thr, removed, keep = float(np.float32(iou)), set(), []
+    for a, i in enumerate(order):
+        if i in removed:
+            continue
+        keep.append(i)
+        for j in order[a + 1:]:
+            if g[j] == g[i]:
+                w = max(min(b[i, 2], b[j, 2]) - max(b[i, 0], b[j, 0]), 0.0)
+                h = max(min(b[i, 3], b[j, 3]) - max(b[i, 1], b[j, 1]), 0.0)
+                union = (b[i, 2] - b[i, 0]) * (b[i, 3] - b[i, 1]) + (b[j, 2] - b[j, 0]) * (b[j, 3] - b[j, 1]) - w * h
+                if union != 0 and w * h / union > thr:
+                    removed.add(j)
+    return keep
+
+
+res = {"applies": nms_triton.applies(torch.zeros(1, 4))}
+gen = torch.Generator().manual_seed(0)
+xy = torch.rand(700, 2, generator=gen) * 200 - 20
+boxes = torch.cat([xy, xy + 5 + torch.rand(700, 2, generator=gen) * 60], 1)
+scores = torch.rand(700, generator=gen)
+groups = torch.randint(0, 3, (700,), generator=gen)            # ~230 boxes per group: several tiles of 256 lanes
+got = nms_triton.grouped_nms(boxes, scores, groups, 0.5, 4)     # group 3 is empty
+res["random"] = got.tolist() == greedy(boxes, scores, groups, 0.5)
+nms_triton.USE_TRITON = False
+res["random_vs_torchvision"] = sorted(got.tolist()) == sorted(mb.grouped_nms(boxes, scores, groups, 0.5).tolist())
+nms_triton.USE_TRITON = True
+res["kept"] = [len(got), 700]
+# equal scores on an integer grid (ties), and an IoU of exactly 7/10 against the threshold 0.7
+cells = torch.arange(40)
+x, y = (cells % 8).double() * 3, (cells // 8).double() * 3
+gb = torch.cat([torch.stack([x, y, x + 10, y + 10], 1), torch.tensor([[0., 0, 10, 10], [0, 0, 10, 7]])])
+gs = torch.cat([torch.full((40,), 0.9), torch.tensor([0.95, 0.5])])
+gg = torch.cat([torch.zeros(40, dtype=torch.long), torch.ones(2, dtype=torch.long)])
+got = nms_triton.grouped_nms(gb, gs, gg, 0.7, 2)
+res["grid"] = got.tolist() == greedy(gb, gs, gg, 0.7)
+res["iou_exactly_07_suppressed"] = 41 not in got.tolist() and 40 in got.tolist()
+res["empty"] = nms_triton.grouped_nms(torch.zeros((0, 4)), torch.zeros(0), torch.zeros(0, dtype=torch.long),
+                                      0.5, 3).tolist()
+# the whole driver on real photos: the same detections with either NMS
+imgs = [cv2.resize(samples.astronaut(), (220, 220), interpolation=cv2.INTER_AREA),
+        cv2.resize(samples.mosaic(4, 3), (300, 260), interpolation=cv2.INTER_AREA)]
+nets = [n().eval() for n in (PNet, RNet, ONet)]
+calls = []
+kept_fn = nms_triton.grouped_nms
+nms_triton.grouped_nms = lambda *a: calls.append(len(a[0])) or kept_fn(*a)
+args = (MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS, MTCNN_PYRAMID_FACTOR, "cpu")
+got = mb.detect_mtcnn_batched(imgs, *nets, *args)
+nms_triton.grouped_nms = kept_fn
+nms_triton.USE_TRITON = False
+want = mb.detect_mtcnn_batched(imgs, *nets, *args)
+res["triton_calls"] = len(calls)
+res["faces"] = [int((s >= 0.9).sum()) for _, s, _ in got]
+res["detections_equal"] = all(np.array_equal(a, b) for g, w in zip(got, want) for a, b in zip(g, w))
+print("RESULT" + json.dumps(res))
+"""
+
+
+def test_triton_grouped_nms_matches_greedy_nms_in_interpreter():
+    """The per-group NMS kernel (Triton's CPU interpreter) against the greedy definition and torchvision's nms:
+    random boxes in groups larger than one tile, an empty group, equal scores (ties by index), an IoU of exactly
+    the threshold (torchvision's CUDA nms compares with the float32 threshold), and the whole driver on two real
+    photos giving the same detections as with torchvision's nms."""
+    from triton_interp import run_in_interpreter
+
+    res = run_in_interpreter(_NMS_TRITON)
+    assert res["applies"] and res["random"] and res["random_vs_torchvision"], res
+    assert 100 < res["kept"][0] < res["kept"][1], res
+    assert res["grid"] and res["iou_exactly_07_suppressed"] and res["empty"] == [], res
+    assert res["triton_calls"] >= 3 and res["detections_equal"] and sum(res["faces"]) >= 3, res
+
+
+@pytest.mark.gpu
+def test_cuda_triton_grouped_nms_matches_torchvision():
+    """On CUDA: the per-group kernel keeps exactly what torchvision's CUDA nms keeps (one call over shifted groups,
+    unique scores), on ~16,000 boxes in 200 groups as after P-Net, and the detector finds the same faces with it."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from gpen_tune.face import mtcnn_batched as mb
+    from gpen_tune.face import nms_triton
+
+    g = torch.Generator().manual_seed(3)
+    cells = torch.randint(0, 60, (16000, 2), generator=g).double() * 2        # integer windows, as P-Net's
+    side = torch.randint(12, 40, (16000, 1), generator=g).double()
+    boxes = torch.cat([cells, cells + side], 1).cuda()
+    scores = torch.randperm(16000, generator=g).double().cuda()
+    groups = torch.randint(0, 200, (16000,), generator=g).cuda()
+    if not nms_triton.applies(boxes):
+        pytest.skip("needs Triton")
+    got = mb.grouped_nms(boxes, scores, groups, 0.5, 200)
+    nms_triton.USE_TRITON = False
+    try:
+        want = mb.grouped_nms(boxes, scores, groups, 0.5, 200)
+        det = MTCNNDetector("cuda", pnet_graphs=False)
+        keys = ("mosaic6_0", "astronaut", "crop", "grace_hopper", "mosaic4_3")
+        before = det.detect([photo(k) for k in keys])
+    finally:
+        nms_triton.USE_TRITON = True
+    assert torch.equal(got, want) and 1000 < len(got) < 16000
+    after = det.detect([photo(k) for k in keys])
+    for a, b in zip(after, before, strict=True):
+        assert len(a) == len(b)
+        for fa, fb in zip(a, b, strict=True):
+            assert np.array_equal(fa.box, fb.box) and np.array_equal(fa.landmarks, fb.landmarks)

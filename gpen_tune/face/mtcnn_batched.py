@@ -17,8 +17,9 @@ the Solvay photo): the same boxes in the same number, max difference 1.3e-4 px o
 mixed-size batch gives each image its image-alone result to the same precision.
 
 Other differences from facenet's driver, none of which changes results:
-* NMS per (image, scale) for all scales at once, then per image, in one torchvision nms call each (`grouped_nms`,
-  batched_nms semantics without batched_nms's Python loop over groups for large inputs); equal P-Net scores are
+* NMS per (image, scale) for all scales at once, then per image, in one call each (`grouped_nms`: on CUDA one
+  Triton program per group, `nms_triton`; else one torchvision nms call with batched_nms semantics, without
+  batched_nms's Python loop over groups for large inputs); equal P-Net scores are
   ranked by position (`_rank_key`), so ties do not depend on the other images of the batch;
 * the last stage's "Min" NMS runs on the host on the final few boxes, vectorised (`min_nms_host`);
 * P-Net's ceil-mode pooling at each image's own border is reproduced on the padded canvas (`pnet_forward`);
@@ -36,6 +37,7 @@ import numpy as np
 import torch
 import torchvision
 
+from gpen_tune.face import nms_triton
 from gpen_tune.ops.transfer import to_device_async
 
 PNET_MAX_PIXELS = 16 * 1024 * 1024   # canvas pixels per P-Net call (~150 B/px of activations: ~2.5 GB)
@@ -167,9 +169,9 @@ class _Driver:
 
     def _candidates(self, maps: PNetMaps) -> tuple[torch.Tensor, torch.Tensor]:
         """From P-Net's maps of every plane: candidates NMS'd per plane, then per image across scales."""
-        boxes, plane = _pnet_candidates(maps.mask, maps.feats, maps.edges, maps.chunk_table)
+        boxes, plane = _pnet_candidates(maps.mask, maps.feats, maps.edges, maps.chunk_table, len(maps.planes))
         img = maps.planes[plane, 0]
-        keep = grouped_nms(boxes[:, :4], boxes[:, 4], img, 0.7)   # across scales, within each image
+        keep = grouped_nms(boxes[:, :4], boxes[:, 4], img, 0.7, self.b)   # across scales, within each image
         boxes, img = boxes[keep], img[keep]
         w = (boxes[:, 2] - boxes[:, 0]).unsqueeze(1)
         h = (boxes[:, 3] - boxes[:, 1]).unsqueeze(1)
@@ -184,7 +186,7 @@ class _Driver:
         keep = (score > self.thresholds[1]).nonzero().squeeze(1)
         boxes = torch.cat([boxes[keep, :4], score[keep, None]], 1)
         img, reg = img[keep], reg[keep]
-        keep = grouped_nms(boxes[:, :4], boxes[:, 4], img, 0.7)
+        keep = grouped_nms(boxes[:, :4], boxes[:, 4], img, 0.7, self.b)
         return square(regress(boxes[keep], reg[keep])), img[keep]
 
     def _stage3(self, boxes: torch.Tensor, img: torch.Tensor):
@@ -523,7 +525,8 @@ def _window_edges(n: int, scale: float, dtype: torch.dtype, device: torch.device
     return torch.stack([q1, q2], 1)
 
 
-def _pnet_candidates(mask: torch.Tensor, feats: torch.Tensor, edges: torch.Tensor, table: torch.Tensor):
+def _pnet_candidates(mask: torch.Tensor, feats: torch.Tensor, edges: torch.Tensor, table: torch.Tensor,
+                     num_planes: int):
     """P-Net windows passing the threshold, NMS'd at 0.5 per plane (image and scale) as facenet does per image and
     scale: [K, 9] (box, score, offsets) and plane ids, chunk by chunk, each chunk's boxes in score order."""
     flat = mask.nonzero().squeeze(1)                # the host sync: data-dependent size, once for all scales
@@ -536,9 +539,10 @@ def _pnet_candidates(mask: torch.Tensor, feats: torch.Tensor, edges: torch.Tenso
     plane = first + n
     key = _rank_key(cand[:, 4])
     spans = [(0, len(flat))]
-    if len(flat) > NMS_MAX_BOXES:                   # bound the NMS bit mask: a few calls over whole chunks
-        spans = _spans(torch.searchsorted(flat, table[:, 0].contiguous()).tolist() + [len(flat)], NMS_MAX_BOXES)
-    keep = torch.cat([a + grouped_nms(cand[a:z, :4], key[a:z], plane[a:z], 0.5) for a, z in spans])
+    if len(flat) > NMS_MAX_BOXES and not nms_triton.applies(cand):   # bound torchvision's N x N bit mask: a few
+        spans = _spans(torch.searchsorted(flat, table[:, 0].contiguous()).tolist() + [len(flat)],  # whole chunks
+                       NMS_MAX_BOXES)
+    keep = torch.cat([a + grouped_nms(cand[a:z, :4], key[a:z], plane[a:z], 0.5, num_planes) for a, z in spans])
     keep = keep[torch.sort(chunk[keep], stable=True).indices]   # chunk-major, score order within (as per chunk)
     return cand[keep], plane[keep]
 
@@ -646,14 +650,19 @@ def square(boxes: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def grouped_nms(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, iou: float) -> torch.Tensor:
-    """torchvision.ops.batched_nms semantics (boxes of different groups never suppress each other) in one nms call.
+def grouped_nms(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, iou: float,
+                num_groups: int | None = None) -> torch.Tensor:
+    """torchvision.ops.batched_nms semantics (boxes of different groups never suppress each other) in one call.
 
-    batched_nms itself switches to a Python loop over groups for large inputs; here every group is shifted to its
-    own coordinate range (in float64, so the shift costs no precision) and one nms runs over all of them.
+    On CUDA with Triton and `num_groups` (groups are in [0, num_groups)): one program per group
+    (`nms_triton`, the groups' greedy passes run in parallel). Else torchvision's nms: batched_nms itself switches
+    to a Python loop over groups for large inputs; here every group is shifted to its own coordinate range (in
+    float64, so the shift costs no precision) and one nms runs over all of them.
     """
     if boxes.numel() == 0:
         return torch.zeros(0, dtype=torch.long, device=boxes.device)
+    if num_groups is not None and nms_triton.applies(boxes):
+        return nms_triton.grouped_nms(boxes, scores, groups, iou, num_groups)
     b = boxes.double()
     span = b.max() - b.min() + 1
     shifted = b + (groups.double() * span)[:, None]

@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from gpen_tune.ops.transfer import thread_stream
 from gpen_tune.throughput.batching import BUCKETS, bucket_floor
 
 RestoreFn = Callable[[torch.Tensor], torch.Tensor]
+# CUDA: one host copy per batch each way (in and out of the pinned buffers), not one per crop; False only for A/B
+# measurements (benchmarks/throughput.py --ab-per-crop-copies)
+BATCHED_COPIES = True
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -88,13 +90,16 @@ class PendingBatch:
             owner.times.generator_s += start.elapsed_time(end) / 1000.0
         if self._finite is not None and not bool(self._finite):       # NaN guard tripped: fp32 re-run, in order
             self._device_out = owner._recover(self._device_in)
-            host = self._device_out.cpu().numpy() if self._host is not None else None
+            host = self._device_out.cpu().numpy()
+            self._ready = [host[i].copy() for i in range(self._n)]
+        elif BATCHED_COPIES:
+            # one copy out of the pinned buffer (reused by a later batch) for the whole batch, one view per crop:
+            # each numpy copy of a crop releases and re-takes the GIL, which a busy folder run makes slow
+            host = self._host[: self._n].clone().numpy()
+            self._ready = [host[i] for i in range(self._n)]
         else:
-            host = self._host[: self._n].numpy() if self._host is not None else None
-        if host is None:                                           # device-only results (submit host_copy=False)
-            self._ready = [None] * self._n
-        else:
-            self._ready = [host[i].copy() for i in range(self._n)]   # the pinned buffer is reused by a later batch
+            host = self._host[: self._n].numpy()
+            self._ready = [host[i].copy() for i in range(self._n)]
         self._host = self._finite = self._device_in = None
         return self._ready
 
@@ -137,30 +142,8 @@ class CropRestorer:
             self._slot = 0
 
     # -- public -------------------------------------------------------------------------------------------------
-    def stage(self, crops: Sequence[np.ndarray]) -> torch.Tensor | None:
-        """Upload one image's crops from the calling thread (a prepare worker): [k,S,S,3] uint8 on the device, or
-        None off CUDA. The caller's thread waits for its copy, so a later `submit(..., device_crops=...)` of them
-        only gathers on the device. The tensor must outlive the batch that reads it (the runner's job state does)."""
-        if not self.cuda or not crops:
-            return None
-        host = torch.empty((len(crops), self.size, self.size, 3), dtype=torch.uint8, pin_memory=True)
-        view = host.numpy()
-        for i, c in enumerate(crops):
-            view[i] = c
-        stream = thread_stream(self.device)
-        with torch.cuda.stream(stream):
-            dev = host.to(self.device, non_blocking=True)
-        stream.synchronize()
-        return dev
-
-    def submit(self, crops: Sequence[np.ndarray], host_copy: bool = True,
-               device_crops: Sequence[torch.Tensor] | None = None) -> PendingBatch:
-        """Start restoring `crops` (each [S,S,3] uint8 RGB); at most one earlier batch should still be pending.
-
-        `host_copy=False` (CUDA): the restored crops stay on the device only (`device_out`); `result()` then gives
-        None per crop and whoever needs one on the host downloads it (GPU paste-back needs none).
-        `device_crops` (CUDA): the same crops already on the device (`stage`), gathered there instead of copied
-        through the pinned input buffer."""
+    def submit(self, crops: Sequence[np.ndarray]) -> PendingBatch:
+        """Start restoring `crops` (each [S,S,3] uint8 RGB); at most one earlier batch should still be pending."""
         n = len(crops)
         t0 = time.perf_counter()
         if n == 0:
@@ -170,7 +153,7 @@ class CropRestorer:
         self.times.batches += 1
         self.times.faces += n
         self.times.batch_sizes[n] = self.times.batch_sizes.get(n, 0) + 1
-        batch = self._submit_cpu(crops) if not self.cuda else self._submit_cuda(crops, host_copy, device_crops)
+        batch = self._submit_cpu(crops) if not self.cuda else self._submit_cuda(crops)
         batch.submitted_at = t0
         return batch
 
@@ -198,27 +181,25 @@ class CropRestorer:
         return PendingBatch(self, len(crops), None, None, None, ready=[out[i] for i in range(len(crops))])
 
     # -- CUDA ---------------------------------------------------------------------------------------------------
-    def _submit_cuda(self, crops: Sequence[np.ndarray], host_copy: bool = True,
-                     device_crops: Sequence[torch.Tensor] | None = None) -> PendingBatch:
+    def _submit_cuda(self, crops: Sequence[np.ndarray]) -> PendingBatch:
         n = len(crops)
         slot = self._slot
         self._slot ^= 1
-        stream = torch.cuda.current_stream(self.device)
-        if device_crops is not None:
-            t0 = time.perf_counter()
-            dev_u8 = torch.stack(list(device_crops))
+        if self._in_free[slot] is not None:
+            self._in_free[slot].synchronize()            # the upload from two batches ago has finished
+        t0 = time.perf_counter()
+        host_in = self._in[slot]
+        if BATCHED_COPIES:               # one torch call (one GIL release) fills the pinned buffer
+            torch.stack([torch.from_numpy(np.ascontiguousarray(c)) for c in crops], out=host_in[:n])
         else:
-            if self._in_free[slot] is not None:
-                self._in_free[slot].synchronize()        # the upload from two batches ago has finished
-            t0 = time.perf_counter()
-            host_in = self._in[slot]
             view = host_in.numpy()
             for i, c in enumerate(crops):
                 view[i] = c
-            dev_u8 = host_in[:n].to(self.device, non_blocking=True)
-            copied = torch.cuda.Event()
-            copied.record(stream)
-            self._in_free[slot] = copied
+        stream = torch.cuda.current_stream(self.device)
+        dev_u8 = host_in[:n].to(self.device, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record(stream)
+        self._in_free[slot] = copied
         start = torch.cuda.Event(enable_timing=True) if self.timed else None
         end = torch.cuda.Event(enable_timing=True) if self.timed else None
         with torch.inference_mode():
@@ -229,9 +210,8 @@ class CropRestorer:
             if end is not None:
                 end.record(stream)
             dev_out = to_uint8_nhwc(y)
-        host_out = self._out[slot] if host_copy else None
-        if host_out is not None:
-            host_out[:n].copy_(dev_out, non_blocking=True)
+        host_out = self._out[slot]
+        host_out[:n].copy_(dev_out, non_blocking=True)
         flag = None
         if finite is not None:                           # the NaN guard, read when the batch is collected
             flag = self._flag[slot]
