@@ -774,3 +774,45 @@ def test_detector_server_shrinks_in_the_callers_thread_with_identical_detections
     for g_img, w_img in zip(got, want, strict=True):
         for g, w in zip(g_img, w_img, strict=True):
             assert np.array_equal(g.box, w.box) and np.array_equal(g.landmarks, w.landmarks) and g.score == w.score
+
+
+def test_upload_into_fills_strided_targets():
+    """`upload_into` copies every array into its (possibly strided) target view in one call."""
+    from gpen_tune.ops.transfer import upload_into
+
+    canvas = torch.zeros((2, 6, 7, 3), dtype=torch.uint8)
+    rng = np.random.default_rng(0)
+    images = [rng.integers(1, 256, (4, 5, 3), dtype=np.uint8), rng.integers(1, 256, (6, 3, 3), dtype=np.uint8)]
+    upload_into([canvas[i, :im.shape[0], :im.shape[1]] for i, im in enumerate(images)], images)
+    for i, im in enumerate(images):
+        assert np.array_equal(canvas[i, :im.shape[0], :im.shape[1]].numpy(), im)
+    assert int(canvas[0, 4:].sum()) == 0 and int(canvas[1, :, 3:].sum()) == 0     # nothing outside the views
+
+
+@pytest.mark.gpu
+def test_cuda_direct_copies_match_the_staging_buffers_and_outlive_later_batches():
+    """On CUDA: crops uploaded straight from page-locked (and pageable) host memory, results handed out as views
+    of a per-batch block, give the staging buffers' results, and a batch's results stay intact while later
+    batches run (their blocks are not reused under them)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from gpen_tune.ops.transfer import pinned_stack
+    from gpen_tune.throughput import restorer as restorer_module
+
+    model = load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cuda")
+    rng = np.random.default_rng(5)
+    crops = [rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for _ in range(8)]
+    sources = pinned_stack(crops[:4]) + crops[4:]
+    assert all(np.array_equal(a, b) for a, b in zip(sources, crops, strict=True))
+    r = CropRestorer(model, "cuda", 64, max_batch=4)
+    first = r.submit(sources[:4]).result()
+    kept = [c.copy() for c in first]
+    for _ in range(3):
+        r.submit(sources[4:]).result()
+    assert all(np.array_equal(a, b) for a, b in zip(first, kept, strict=True))
+    restorer_module.DIRECT_COPIES = False
+    try:
+        staged = r.submit(crops[:4]).result()
+    finally:
+        restorer_module.DIRECT_COPIES = True
+    assert all(np.array_equal(a, b) for a, b in zip(first, staged, strict=True))
