@@ -407,10 +407,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="A/B/A in the same run: the GPU paste in PyTorch calls instead of one Triton kernel")
     ap.add_argument("--ab-paste", default=None, choices=("auto", "cpu", "gpu"),
                     help="A/B/A in the same run: the pipeline with this --paste instead")
-    ap.add_argument("--ab-staging-copies", action="store_true",
-                    help="A/B/A in the same run: the GPU stage's staging buffers vs direct copies (default)")
-    ap.add_argument("--ab-detector-host-canvas", action="store_true",
-                    help="A/B/A in the same run: the detector's host canvas vs direct uploads of pinned images")
+    ap.add_argument("--ab-per-crop-copies", action="store_true",
+                    help="A/B/A in the same run: the GPU stage's host copies per crop vs one per batch (default)")
     ap.add_argument("--ab-nms-torchvision", action="store_true",
                     help="A/B/A in the same run: the detector's NMS through torchvision's nms vs the per-group kernel")
     ap.add_argument("--ab-area-torch", action="store_true",
@@ -586,23 +584,14 @@ def main(argv: list[str] | None = None) -> int:
 
         ab_a("pipeline_area_torch", "detector's area resize in PyTorch calls", "out_pipeline_at",
              lambda: set_area(False), lambda: set_area(True))
-    if args.ab_staging_copies:
+    if args.ab_per_crop_copies:
         from gpen_tune.throughput import restorer as restorer_module
 
-        def set_direct(value):
-            restorer_module.DIRECT_COPIES = value
+        def set_copies(value):
+            restorer_module.BATCHED_COPIES = value
 
-        ab_a("pipeline_staging_copies", "GPU stage copies crops through its staging buffers (one numpy copy each "
-             "way per crop)", "out_pipeline_sc", lambda: set_direct(False), lambda: set_direct(True))
-    if args.ab_detector_host_canvas:
-        from gpen_tune.face import mtcnn_batched
-
-        def set_upload(value):
-            mtcnn_batched.DIRECT_UPLOAD = value
-            server.pin_in_caller = value
-
-        ab_a("pipeline_detector_host_canvas", "detector thread fills a host canvas (callers do not pin)",
-             "out_pipeline_hc", lambda: set_upload(False), lambda: set_upload(True))
+        ab_a("pipeline_per_crop_copies", "GPU stage fills / empties its pinned buffers one crop at a time",
+             "out_pipeline_pc", lambda: set_copies(False), lambda: set_copies(True))
     if args.ab_nms_torchvision:
         from gpen_tune.face import nms_triton
 

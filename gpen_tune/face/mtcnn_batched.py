@@ -38,7 +38,7 @@ import torch
 import torchvision
 
 from gpen_tune.face import nms_triton
-from gpen_tune.ops.transfer import to_device_async, upload_into
+from gpen_tune.ops.transfer import to_device_async
 
 PNET_MAX_PIXELS = 16 * 1024 * 1024   # canvas pixels per P-Net call (~150 B/px of activations: ~2.5 GB)
 CROPS_PER_CALL = 8192                # boxes per R-Net / O-Net call
@@ -46,11 +46,6 @@ NMS_MAX_BOXES = 32768                # P-Net candidates per NMS call (CUDA nms k
 ROWS_ALIGN = 64                      # GPU: R-Net / O-Net batches are padded to a multiple of this (_run_chunked)
 _NORM_MEAN, _NORM_SCALE = 127.5, 0.0078125
 _STRIDE, _CELL = 2, 12               # P-Net: one 12x12 window every 2 px
-# CUDA: FixedCanvasPNet uploads each image straight into its canvas slot in one call (from page-locked copies the
-# detector server's callers make, `BatchingDetector`), not through a host canvas filled by the detector's thread
-# (py-spy, H200: that fill was ~23 % of the detector thread's time, 20261201-0620_thread_profile.json).
-# False: the host canvas (A/B only).
-DIRECT_UPLOAD = True
 
 Result = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -358,15 +353,12 @@ class FixedCanvasPNet:
         sizes = np.array([img.shape[:2] for img in images], dtype=np.int64)
         padded = np.zeros((bucket, 2), np.int64)
         padded[:n] = sizes
+        host = self._host_canvas(bucket)
+        pixels = host.numpy()
+        for i, img in enumerate(images):                      # the rest of each slot is never read
+            pixels[i, :img.shape[0], :img.shape[1]] = img
         small = np.concatenate([padded.reshape(-1), self._planes(padded).reshape(-1)])
-        if DIRECT_UPLOAD and self.device.type == "cuda":   # each image into its slot, one call (the rest of a slot
-            upload_into([slot.canvas[i, :img.shape[0], :img.shape[1]] for i, img in enumerate(images)], images)
-        else:                                              # is never read)
-            host = self._host_canvas(bucket)
-            pixels = host.numpy()
-            for i, img in enumerate(images):
-                pixels[i, :img.shape[0], :img.shape[1]] = img
-            slot.canvas.copy_(host[:bucket], non_blocking=True)
+        slot.canvas.copy_(host[:bucket], non_blocking=True)
         slot.small.copy_(_pinned(small), non_blocking=True)
         if self.device.type == "cuda":
             self._uploaded = torch.cuda.Event()

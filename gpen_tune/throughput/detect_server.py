@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from gpen_tune.face.detect import detect_shrunk
-from gpen_tune.ops.transfer import pinned_stack
 from gpen_tune.throughput.detect_queue import DetectRequest, take_batch
 
 MAX_IMAGES = 32      # images per detector call (the batched MTCNN bounds its own memory per chunk)
@@ -41,7 +40,6 @@ class BatchingDetector:
         self._det_size = getattr(inner, "det_size", None) if shrink_in_caller else None
         self.own_stream = True            # run the detector on its own CUDA stream (see _detect_on_own_stream)
         self.stream_priority = 0          # CUDA priority of that stream (lower = higher); -1 measured no faster
-        self.pin_in_caller = True         # CUDA: callers copy their shrunk images into page-locked memory
         self._stream = None
         self._max_images = max_images
         self._queue: queue.Queue[DetectRequest | None] = queue.Queue()
@@ -61,17 +59,8 @@ class BatchingDetector:
         if not images:
             return []
         if self._det_size:
-            return detect_shrunk(self._detect_pinned if self._pin() else self._detect, images, self._det_size)
+            return detect_shrunk(self._detect, images, self._det_size)
         return self._detect(images)
-
-    def _pin(self) -> bool:
-        device = getattr(self._inner, "device", None)
-        return self.pin_in_caller and device is not None and torch.device(device).type == "cuda"
-
-    def _detect_pinned(self, images: Sequence[np.ndarray]) -> list:
-        """The caller's shrunk images copied into page-locked memory in the caller's thread: the detector thread
-        then only queues their uploads (`mtcnn_batched.DIRECT_UPLOAD`)."""
-        return self._detect([pinned_stack([img])[0] for img in images])
 
     def _detect(self, images: Sequence[np.ndarray]) -> list:
         req = DetectRequest(list(images))

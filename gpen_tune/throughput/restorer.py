@@ -20,15 +20,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from gpen_tune.ops.transfer import upload_into
 from gpen_tune.throughput.batching import BUCKETS, bucket_floor
 
 RestoreFn = Callable[[torch.Tensor], torch.Tensor]
-# CUDA: crops go to the device straight from the prepare workers' page-locked copies (`pinned_stack`) in one call,
-# and each batch's results land in a page-locked block of their own, handed out as views: no per-crop host copy
-# in the GPU stage's thread (py-spy, H200: those copies were ~48 % of that thread's time,
-# benchmarks/results/20261201-0620_thread_profile.json). False: the previous staging buffers (A/B only).
-DIRECT_COPIES = True
+# CUDA: one host copy per batch each way (in and out of the pinned buffers), not one per crop; False only for A/B
+# measurements (benchmarks/throughput.py --ab-per-crop-copies)
+BATCHED_COPIES = True
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -71,9 +68,8 @@ class PendingBatch:
 
     def __init__(self, owner: CropRestorer, n: int, host: torch.Tensor | None, done: torch.cuda.Event | None,
                  events: tuple | None, ready: list[np.ndarray] | None = None, device_out: torch.Tensor | None = None,
-                 finite: torch.Tensor | None = None, device_in: torch.Tensor | None = None, owned: bool = False):
+                 finite: torch.Tensor | None = None, device_in: torch.Tensor | None = None):
         self._owner, self._n, self._host, self._done = owner, n, host, done
-        self._owned = owned                     # `host` is this batch's own block (DIRECT_COPIES), not a shared one
         self.submitted_at = time.perf_counter()
         self._events, self._ready, self._device_out = events, ready, device_out
         self._finite, self._device_in = finite, device_in
@@ -95,12 +91,15 @@ class PendingBatch:
         if self._finite is not None and not bool(self._finite):       # NaN guard tripped: fp32 re-run, in order
             self._device_out = owner._recover(self._device_in)
             host = self._device_out.cpu().numpy()
-            self._ready = list(host)
-        elif self._owned:
-            self._ready = list(self._host.numpy())             # this batch's own block: views, no copies
+            self._ready = [host[i].copy() for i in range(self._n)]
+        elif BATCHED_COPIES:
+            # one copy out of the pinned buffer (reused by a later batch) for the whole batch, one view per crop:
+            # each numpy copy of a crop releases and re-takes the GIL, which a busy folder run makes slow
+            host = self._host[: self._n].clone().numpy()
+            self._ready = [host[i] for i in range(self._n)]
         else:
             host = self._host[: self._n].numpy()
-            self._ready = [host[i].copy() for i in range(self._n)]   # the pinned buffer is reused by a later batch
+            self._ready = [host[i].copy() for i in range(self._n)]
         self._host = self._finite = self._device_in = None
         return self._ready
 
@@ -186,23 +185,21 @@ class CropRestorer:
         n = len(crops)
         slot = self._slot
         self._slot ^= 1
-        stream = torch.cuda.current_stream(self.device)
-        if DIRECT_COPIES:
-            t0 = time.perf_counter()
-            dev_u8 = torch.empty((n, self.size, self.size, 3), dtype=torch.uint8, device=self.device)
-            upload_into(dev_u8.unbind(0), crops)
+        if self._in_free[slot] is not None:
+            self._in_free[slot].synchronize()            # the upload from two batches ago has finished
+        t0 = time.perf_counter()
+        host_in = self._in[slot]
+        if BATCHED_COPIES:               # one torch call (one GIL release) fills the pinned buffer
+            torch.stack([torch.from_numpy(np.ascontiguousarray(c)) for c in crops], out=host_in[:n])
         else:
-            if self._in_free[slot] is not None:
-                self._in_free[slot].synchronize()        # the upload from two batches ago has finished
-            t0 = time.perf_counter()
-            host_in = self._in[slot]
             view = host_in.numpy()
             for i, c in enumerate(crops):
                 view[i] = c
-            dev_u8 = host_in[:n].to(self.device, non_blocking=True)
-            copied = torch.cuda.Event()
-            copied.record(stream)
-            self._in_free[slot] = copied
+        stream = torch.cuda.current_stream(self.device)
+        dev_u8 = host_in[:n].to(self.device, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record(stream)
+        self._in_free[slot] = copied
         start = torch.cuda.Event(enable_timing=True) if self.timed else None
         end = torch.cuda.Event(enable_timing=True) if self.timed else None
         with torch.inference_mode():
@@ -213,12 +210,8 @@ class CropRestorer:
             if end is not None:
                 end.record(stream)
             dev_out = to_uint8_nhwc(y)
-        if DIRECT_COPIES:
-            host_out = torch.empty((n, self.size, self.size, 3), dtype=torch.uint8, pin_memory=True)
-            host_out.copy_(dev_out, non_blocking=True)
-        else:
-            host_out = self._out[slot]
-            host_out[:n].copy_(dev_out, non_blocking=True)
+        host_out = self._out[slot]
+        host_out[:n].copy_(dev_out, non_blocking=True)
         flag = None
         if finite is not None:                           # the NaN guard, read when the batch is collected
             flag = self._flag[slot]
@@ -227,8 +220,7 @@ class CropRestorer:
         done.record(stream)
         self.times.upload_s += time.perf_counter() - t0
         return PendingBatch(self, n, host_out, done, (start, end) if start is not None else None,
-                            device_out=dev_out, finite=flag, device_in=dev_u8 if flag is not None else None,
-                            owned=DIRECT_COPIES)
+                            device_out=dev_out, finite=flag, device_in=dev_u8 if flag is not None else None)
 
     def _recover(self, dev_u8: torch.Tensor) -> torch.Tensor:
         """Run a batch whose deferred finite check failed through the restore callable's fp32 recovery."""

@@ -96,22 +96,9 @@ class EnhancerStages:
                 for i, job in zip(indices, jobs, strict=True)]
 
     def crops(self, item: _Item) -> list[np.ndarray]:
-        """The job's crops; on CUDA copied into page-locked memory here, in the prepare worker (`pinned_stack`)."""
         if self.enhancer.settings.strength <= 0:
             return []
-        faces = item.job.faces
-        if not faces or self.enhancer.device.type != "cuda":
-            return [f.crop for f in faces]
-        from gpen_tune.throughput import restorer
-
-        if not restorer.DIRECT_COPIES or len({f.crop.shape for f in faces}) != 1:
-            return [f.crop for f in faces]
-        from gpen_tune.ops.transfer import pinned_stack
-
-        pinned = pinned_stack([f.crop for f in faces])
-        for face, crop in zip(faces, pinned, strict=True):
-            face.crop = crop                         # the same pixels, one copy kept
-        return pinned
+        return [f.crop for f in item.job.faces]
 
     def restored(self, item: _Item, seconds: float) -> None:
         """The runner's per-face share of its batch's time, as the serial path's "restore" timing."""
