@@ -26,6 +26,8 @@
 #   benchmarks/h200_session.sh part36  # session 6: CPU seconds per thread kind in a 1,024-photo run; the detector's kernels by name (~3 min)
 #   benchmarks/h200_session.sh part37  # session 6: detector GPU tests; NMS per group (Triton) vs torchvision's: detector alone, pipeline A/B/A (~5 min)
 #   benchmarks/h200_session.sh part38  # session 6: runner GPU tests; A/B/A of the GPU stage's per-batch host copies and of a 1 ms GIL switch interval (~5 min)
+#   benchmarks/h200_session.sh part39  # session 6: py-spy --idle of a 1,024-photo run (where each thread waits); switch interval 1 ms A/B/A again (~4 min)
+#   benchmarks/h200_session.sh part40  # session 6: A/B/A of direct copies from page-locked memory (run 2026-12-01; flags since removed)
 #   benchmarks/h200_session.sh part24  # session 5: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
 #   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
@@ -395,7 +397,34 @@ case "${1:-part1}" in
     timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
       --skip-serial --ab-switch-interval 0.001 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part38" >&2; exit 2 ;;
+  part39)
+    step "where each thread is (py-spy --idle, innermost frame and line) in a 1,024-photo pipeline run"
+    if command -v py-spy >/dev/null; then
+      CMD="py-spy record --idle --threads --rate 100 --format raw -o pyspy_idle.txt -- python3 benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 --skip-serial"
+      timeout 200 py-spy record --idle --threads --rate 100 --format raw -o "$DEST/pyspy_idle.txt" -- \
+        "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 --skip-serial \
+        --out "$DEST/pyspy_run" 2>&1 | tail -6 >> "$LOG"
+      "$PY" benchmarks/gil_summary.py "$DEST/pyspy_idle.txt" --command "$CMD (benchmarks/h200_session.sh part39)" \
+        --rate 100 --leaves gpen-gpu,gpen-detect,gpen-finN,gpen-prepN --note "session 6: where the GPU-stage and \
+detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thread_profile.json" | head -12 >> "$LOG" 2>&1
+      gzip -f "$DEST/pyspy_idle.txt"
+    else echo "py-spy not installed" >> "$LOG"; fi
+    step "pipeline A/B/A on 1,024 photos: GIL switch interval 1 ms vs 5 ms (again)"
+    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --ab-switch-interval 0.001 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    ;;
+  part40)   # run 2026-12-01 06:27; --ab-staging-copies and --ab-detector-host-canvas since removed (last in 29716b9)
+    step "GPU tests: runner and detector (direct copies from page-locked memory)"
+    timeout 200 "$PY" -m pytest -q -m gpu tests/test_throughput.py tests/test_mtcnn_batched.py -p no:cacheprovider \
+      2>&1 | grep -v -i warn | tail -15 >> "$LOG"
+    step "pipeline A/B/A on 1,024 photos: GPU stage staging buffers vs direct copies"
+    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --ab-staging-copies --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    step "pipeline A/B/A on 1,024 photos: detector host canvas vs direct uploads"
+    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --ab-detector-host-canvas --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part40" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

@@ -407,8 +407,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="A/B/A in the same run: the GPU paste in PyTorch calls instead of one Triton kernel")
     ap.add_argument("--ab-paste", default=None, choices=("auto", "cpu", "gpu"),
                     help="A/B/A in the same run: the pipeline with this --paste instead")
-    ap.add_argument("--ab-per-crop-copies", action="store_true",
-                    help="A/B/A in the same run: the GPU stage's host copies per crop vs one per batch (default)")
     ap.add_argument("--ab-nms-torchvision", action="store_true",
                     help="A/B/A in the same run: the detector's NMS through torchvision's nms vs the per-group kernel")
     ap.add_argument("--ab-area-torch", action="store_true",
@@ -584,14 +582,6 @@ def main(argv: list[str] | None = None) -> int:
 
         ab_a("pipeline_area_torch", "detector's area resize in PyTorch calls", "out_pipeline_at",
              lambda: set_area(False), lambda: set_area(True))
-    if args.ab_per_crop_copies:
-        from gpen_tune.throughput import restorer as restorer_module
-
-        def set_copies(value):
-            restorer_module.BATCHED_COPIES = value
-
-        ab_a("pipeline_per_crop_copies", "GPU stage fills / empties its pinned buffers one crop at a time",
-             "out_pipeline_pc", lambda: set_copies(False), lambda: set_copies(True))
     if args.ab_nms_torchvision:
         from gpen_tune.face import nms_triton
 

@@ -23,9 +23,6 @@ import torch
 from gpen_tune.throughput.batching import BUCKETS, bucket_floor
 
 RestoreFn = Callable[[torch.Tensor], torch.Tensor]
-# CUDA: one host copy per batch each way (in and out of the pinned buffers), not one per crop; False only for A/B
-# measurements (benchmarks/throughput.py --ab-per-crop-copies)
-BATCHED_COPIES = True
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -91,15 +88,9 @@ class PendingBatch:
         if self._finite is not None and not bool(self._finite):       # NaN guard tripped: fp32 re-run, in order
             self._device_out = owner._recover(self._device_in)
             host = self._device_out.cpu().numpy()
-            self._ready = [host[i].copy() for i in range(self._n)]
-        elif BATCHED_COPIES:
-            # one copy out of the pinned buffer (reused by a later batch) for the whole batch, one view per crop:
-            # each numpy copy of a crop releases and re-takes the GIL, which a busy folder run makes slow
-            host = self._host[: self._n].clone().numpy()
-            self._ready = [host[i] for i in range(self._n)]
         else:
             host = self._host[: self._n].numpy()
-            self._ready = [host[i].copy() for i in range(self._n)]
+        self._ready = [host[i].copy() for i in range(self._n)]   # the pinned buffer is reused by a later batch
         self._host = self._finite = self._device_in = None
         return self._ready
 
@@ -189,12 +180,9 @@ class CropRestorer:
             self._in_free[slot].synchronize()            # the upload from two batches ago has finished
         t0 = time.perf_counter()
         host_in = self._in[slot]
-        if BATCHED_COPIES:               # one torch call (one GIL release) fills the pinned buffer
-            torch.stack([torch.from_numpy(np.ascontiguousarray(c)) for c in crops], out=host_in[:n])
-        else:
-            view = host_in.numpy()
-            for i, c in enumerate(crops):
-                view[i] = c
+        view = host_in.numpy()
+        for i, c in enumerate(crops):
+            view[i] = c
         stream = torch.cuda.current_stream(self.device)
         dev_u8 = host_in[:n].to(self.device, non_blocking=True)
         copied = torch.cuda.Event()
