@@ -395,9 +395,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run the pipeline with the detector in a process of its own (own GIL, own CUDA "
                          "context; pixels through shared memory): A/B in the same run")
     ap.add_argument("--ab-switch-interval", type=float, default=None, metavar="SECONDS",
-                    help="also run the pipeline with sys.setswitchinterval(SECONDS) (Python's default is 0.005: a "
-                         "thread that wants the GIL waits up to that long for a thread running Python code), then "
-                         "the default again: A/B/A in the same run")
+                    help="also run the pipeline with the GIL switch interval SECONDS during the run (the runner's "
+                         "default is 0.0002; Python's own is 0.005: a thread that wants the GIL waits up to that long "
+                         "for a thread running Python code), then the default again: A/B/A in the same run")
     ap.add_argument("--ab-mtcnn-before", type=Path, default=None, metavar="FILE",
                     help="also run the pipeline with an earlier mtcnn_batched.py as the detector's driver, then "
                          "this checkout's again: A/B/A in the same run")
@@ -523,10 +523,18 @@ def main(argv: list[str] | None = None) -> int:
         ab_a("pipeline_detector_high_priority", "detector stream at high priority", "out_pipeline_p0",
              lambda: set_priority(-1), lambda: set_priority(kept_priority))
     if args.ab_switch_interval:
-        kept_interval = sys.getswitchinterval()
-        ab_a("pipeline_switch_interval", f"GIL switch interval {args.ab_switch_interval * 1e3:g} ms",
-             "out_pipeline_si", lambda: sys.setswitchinterval(args.ab_switch_interval),
-             lambda: sys.setswitchinterval(kept_interval))
+        from gpen_tune.throughput import runner as runner_module
+
+        # the runner sets min(the interpreter's interval, runner.SWITCH_INTERVAL_S) for its run: B changes that
+        # constant (until 2026-12-01 06:40 this flag set the interpreter's interval, which the runner's 0.2 ms
+        # overrode for any value above it: those "B" runs were the default again, i.e. A/A/A runs)
+        kept_interval = runner_module.SWITCH_INTERVAL_S
+
+        def set_interval(value):
+            runner_module.SWITCH_INTERVAL_S = value
+
+        ab_a("pipeline_switch_interval", f"GIL switch interval {args.ab_switch_interval * 1e3:g} ms during the run",
+             "out_pipeline_si", lambda: set_interval(args.ab_switch_interval), lambda: set_interval(kept_interval))
         runs["pipeline_switch_interval"]["switch_interval_s"] = args.ab_switch_interval
     if args.ab_mtcnn_before:
         import importlib.util
