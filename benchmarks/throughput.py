@@ -394,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ab-detector-process", action="store_true",
                     help="also run the pipeline with the detector in a process of its own (own GIL, own CUDA "
                          "context; pixels through shared memory): A/B in the same run")
+    ap.add_argument("--no-warm-run", dest="warm_run", action="store_false",
+                    help="with an --ab-* flag: skip the untimed full pipeline run before the timed A/B/A runs")
     ap.add_argument("--ab-switch-interval", type=float, default=None, metavar="SECONDS",
                     help="also run the pipeline with the GIL switch interval SECONDS during the run (the runner's "
                          "default is 0.0002; Python's own is 0.005: a thread that wants the GIL waits up to that long "
@@ -489,6 +491,15 @@ def main(argv: list[str] | None = None) -> int:
                                       max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
                                       bucket_batches=not compiled_or_graphed)
 
+    ab = any(v not in (None, False) for k, v in vars(args).items() if k.startswith("ab_"))
+    if ab and args.warm_run:
+        # the first full run of a process came out slower than the later ones (A/A/A runs, 2026-12-01: the first
+        # A was the lowest in 3 of 4), which flattered the B of every A/B/A: one untimed run first
+        print("pipeline, untimed warm run ...", flush=True)
+        pipeline("out_pipeline_warm")()
+        for k in ("calls", "images", "largest", "busy_s"):
+            if hasattr(server, k):
+                setattr(server, k, 0)
     print("pipeline ...", flush=True)
     runs["pipeline"], summaries["pipeline"] = measure("pipeline", pipeline("out_pipeline"), meter, device)
     detector_stats = {k: getattr(server, k, None) for k in ("calls", "images", "largest", "busy_s")}
