@@ -409,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="A/B/A in the same run: the GPU paste in PyTorch calls instead of one Triton kernel")
     ap.add_argument("--ab-paste", default=None, choices=("auto", "cpu", "gpu"),
                     help="A/B/A in the same run: the pipeline with this --paste instead")
+    ap.add_argument("--ab-soften-per-face", action="store_true",
+                    help="A/B/A in the same run: the GPU paste softens small faces one at a time vs together")
     ap.add_argument("--ab-nms-torchvision", action="store_true",
                     help="A/B/A in the same run: the detector's NMS through torchvision's nms vs the per-group kernel")
     ap.add_argument("--ab-area-torch", action="store_true",
@@ -601,6 +603,14 @@ def main(argv: list[str] | None = None) -> int:
 
         ab_a("pipeline_area_torch", "detector's area resize in PyTorch calls", "out_pipeline_at",
              lambda: set_area(False), lambda: set_area(True))
+    if args.ab_soften_per_face:
+        from gpen_tune.throughput import gpu_paste
+
+        def set_together(value):
+            gpu_paste.SOFTEN_TOGETHER = value
+
+        ab_a("pipeline_soften_per_face", "GPU paste softens small faces one at a time", "out_pipeline_sf",
+             lambda: set_together(False), lambda: set_together(True))
     if args.ab_nms_torchvision:
         from gpen_tune.face import nms_triton
 

@@ -774,3 +774,18 @@ def test_detector_server_shrinks_in_the_callers_thread_with_identical_detections
     for g_img, w_img in zip(got, want, strict=True):
         for g, w in zip(g_img, w_img, strict=True):
             assert np.array_equal(g.box, w.box) and np.array_equal(g.landmarks, w.landmarks) and g.score == w.score
+
+
+def test_device_soften_of_a_batch_equals_each_face_alone_and_the_cpu_filter():
+    """The GPU paste softens a batch of small faces in one go: each face gets exactly what it gets alone, and what
+    the CPU path's filter gives (the weights are multiples of 1/16: exact sums), on real face crops."""
+    from gpen_tune.face.paste import soften
+    from gpen_tune.throughput.gpu_paste import _soften
+
+    faces = [cv2.resize(samples.astronaut()[30:250, 140:360], (48, 48), interpolation=cv2.INTER_AREA),
+             cv2.resize(samples.grace_hopper()[40:340, 100:400], (48, 48), interpolation=cv2.INTER_AREA)]
+    batch = _soften(torch.from_numpy(np.stack(faces))).numpy()
+    for face, got in zip(faces, batch, strict=True):
+        assert np.array_equal(got, _soften(torch.from_numpy(face)).numpy())
+        assert np.array_equal(got, soften(face))
+        assert not np.array_equal(got, face)

@@ -63,13 +63,21 @@ def _grid(fwd: np.ndarray, roi: tuple[int, int, int, int], size: int, device: to
 
 
 def _soften(face: torch.Tensor) -> torch.Tensor:
-    """[S,S,3] uint8 -> the same 3x3 smoothing as the CPU path (reflect-101 border), rounded back to uint8."""
-    x = face.permute(2, 0, 1).unsqueeze(1).float()                       # [3,1,S,S]
+    """[S,S,3] or [k,S,S,3] uint8 -> the same 3x3 smoothing as the CPU path (reflect-101 border), rounded back to
+    uint8. Every plane is filtered on its own, so a batch gives each face its own result (the weights are
+    multiples of 1/16 and the pixels integers: the sums are exact in float32 whatever the order)."""
+    batched = face.dim() == 4
+    faces = face if batched else face[None]
+    k, size = faces.shape[0], faces.shape[1]
+    x = faces.permute(0, 3, 1, 2).reshape(k * 3, 1, size, size).float()   # [k*3,1,S,S]
     x = F.pad(x, (1, 1, 1, 1), mode="reflect")
     y = F.conv2d(x, SMOOTH.to(x.device).view(1, 1, 3, 3))
-    return y.round().clamp(0, 255).to(torch.uint8).squeeze(1).permute(1, 2, 0)
+    out = y.round().clamp(0, 255).to(torch.uint8).view(k, 3, size, size).permute(0, 2, 3, 1)
+    return out if batched else out[0]
 
 
+# the kernel path softens an image's small faces in one batch (False: one face at a time, for A/B measurements)
+SOFTEN_TOGETHER = True
 # GPEN_TUNE_PASTE=torch: the PyTorch version even where the Triton kernel could run (A/B measurements)
 USE_TRITON = os.environ.get("GPEN_TUNE_PASTE", "") != "torch"
 
@@ -134,7 +142,16 @@ def _paste_triton(src: torch.Tensor, kept: list[tuple[DeviceFace, tuple[int, int
     """The union box pasted by one kernel: crops stacked, masks shared when they are one array, and each face's
     image->crop affine moved to box coordinates (in float64 before the float32 cast)."""
     ux0, uy0 = origin
-    crops = torch.stack([_soften(f.restored.to(dev)) if f.soften else f.restored.to(dev) for f, _ in kept])
+    on_dev = [f.restored if f.restored.device == dev else f.restored.to(dev) for f, _ in kept]
+    soft = [i for i, (f, _) in enumerate(kept) if f.soften]
+    if soft and not SOFTEN_TOGETHER:
+        for i in soft:
+            on_dev[i] = _soften(on_dev[i])
+    elif soft:                                 # the small faces softened together: ~12 torch calls, not per face
+        softened = _soften(torch.stack([on_dev[i] for i in soft]))
+        for j, i in enumerate(soft):
+            on_dev[i] = softened[j]
+    crops = torch.stack(on_dev)
     masks = [f.mask for f, _ in kept]
     if all(m is masks[0] for m in masks):
         mask = _device_mask(masks[0], dev)[None]
