@@ -237,7 +237,7 @@ def main() -> None:
         this checkout's without the P-Net CUDA graphs."""
         from gpen_tune.face import nms_triton
 
-        kept, kept_graphs = current.detect_mtcnn_batched, det.pnet_graphs
+        kept, kept_graphs, kept_nms = current.detect_mtcnn_batched, det.pnet_graphs, nms_triton.USE_TRITON
         if label == "before":
             current.detect_mtcnn_batched = before.detect_mtcnn_batched
         if label == "eager":
@@ -247,8 +247,7 @@ def main() -> None:
         try:
             yield
         finally:
-            current.detect_mtcnn_batched, det.pnet_graphs = kept, kept_graphs
-            nms_triton.USE_TRITON = True
+            current.detect_mtcnn_batched, det.pnet_graphs, nms_triton.USE_TRITON = kept, kept_graphs, kept_nms
 
     labels = ["after", "before"] if before else ["after"]
     if args.ab_nms_torchvision:

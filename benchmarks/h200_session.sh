@@ -29,7 +29,7 @@
 #   benchmarks/h200_session.sh part39  # session 6: py-spy --idle of a 1,024-photo run (where each thread waits); switch interval 1 ms A/B/A again (~4 min)
 #   benchmarks/h200_session.sh part40  # session 6: A/B/A of direct copies from page-locked memory (run 2026-12-01; flags since removed)
 #   benchmarks/h200_session.sh part41  # session 6: all GPU tests; serial + pipeline (256), pipeline (1,024), A/A/A calibration (~8 min)
-#   benchmarks/h200_session.sh part42  # session 6: runner GPU tests; A/B/A of the small faces softened together (~3 min)
+#   benchmarks/h200_session.sh part42  # session 6: runner GPU tests; A/B/A of the small faces softened together (run 2026-12-01; flag since removed)
 #   benchmarks/h200_session.sh part24  # session 5: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
 #   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
@@ -439,7 +439,7 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
     timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
       --skip-serial --ab-switch-interval 0.0002 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  part42)
+  part42)   # run 2026-12-01 06:40; --ab-soften-per-face since removed (the per-face path with it, last in 7196d4c)
     step "GPU tests: paste (small faces softened together)"
     timeout 120 "$PY" -m pytest -q -m gpu tests/test_throughput.py -p no:cacheprovider 2>&1 | grep -v -i warn \
       | tail -6 >> "$LOG"

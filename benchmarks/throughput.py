@@ -409,8 +409,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="A/B/A in the same run: the GPU paste in PyTorch calls instead of one Triton kernel")
     ap.add_argument("--ab-paste", default=None, choices=("auto", "cpu", "gpu"),
                     help="A/B/A in the same run: the pipeline with this --paste instead")
-    ap.add_argument("--ab-soften-per-face", action="store_true",
-                    help="A/B/A in the same run: the GPU paste softens small faces one at a time vs together")
     ap.add_argument("--ab-nms-torchvision", action="store_true",
                     help="A/B/A in the same run: the detector's NMS through torchvision's nms vs the per-group kernel")
     ap.add_argument("--ab-area-torch", action="store_true",
@@ -527,6 +525,11 @@ def main(argv: list[str] | None = None) -> int:
         print("pipeline again, as before (A/B/A) ...", flush=True)
         runs["pipeline_repeat"], _ = measure("pipeline_repeat", pipeline("out_pipeline_a2"), meter, device)
 
+    def ab_attr(name: str, what: str, out_dir: str, owner, attr: str, value) -> None:
+        """ab_a for one attribute (a module switch, a detector field): B sets it to `value`, then it is put back."""
+        kept = getattr(owner, attr)
+        ab_a(name, what, out_dir, lambda: setattr(owner, attr, value), lambda: setattr(owner, attr, kept))
+
     if args.ab_detector_priority and hasattr(server, "stream_priority"):
         kept_priority = server.stream_priority
 
@@ -541,13 +544,8 @@ def main(argv: list[str] | None = None) -> int:
         # the runner sets min(the interpreter's interval, runner.SWITCH_INTERVAL_S) for its run: B changes that
         # constant (until 2026-12-01 06:40 this flag set the interpreter's interval, which the runner's 0.2 ms
         # overrode for any value above it: those "B" runs were the default again, i.e. A/A/A runs)
-        kept_interval = runner_module.SWITCH_INTERVAL_S
-
-        def set_interval(value):
-            runner_module.SWITCH_INTERVAL_S = value
-
-        ab_a("pipeline_switch_interval", f"GIL switch interval {args.ab_switch_interval * 1e3:g} ms during the run",
-             "out_pipeline_si", lambda: set_interval(args.ab_switch_interval), lambda: set_interval(kept_interval))
+        ab_attr("pipeline_switch_interval", f"GIL switch interval {args.ab_switch_interval * 1e3:g} ms during the run",
+                "out_pipeline_si", runner_module, "SWITCH_INTERVAL_S", args.ab_switch_interval)
         runs["pipeline_switch_interval"]["switch_interval_s"] = args.ab_switch_interval
     if args.ab_mtcnn_before:
         import importlib.util
@@ -565,32 +563,16 @@ def main(argv: list[str] | None = None) -> int:
         ab_a("pipeline_mtcnn_before", f"detector driver from {args.ab_mtcnn_before}", "out_pipeline_mb",
              lambda: set_driver(before.detect_mtcnn_batched), lambda: set_driver(kept_driver))
     if args.ab_pnet_graphs:
-        mtcnn = getattr(server, "_inner", server)
-        kept_graphs = getattr(mtcnn, "pnet_graphs", None)
-
-        def set_graphs(value):
-            mtcnn.pnet_graphs = value
-
-        ab_a("pipeline_pnet_eager", "detector's P-Net eager (no CUDA graphs)", "out_pipeline_pe",
-             lambda: set_graphs(False), lambda: set_graphs(kept_graphs))
+        ab_attr("pipeline_pnet_eager", "detector's P-Net eager (no CUDA graphs)", "out_pipeline_pe",
+                getattr(server, "_inner", server), "pnet_graphs", False)
     if args.ab_paste_torch:
         from gpen_tune.throughput import gpu_paste
 
-        kept_paste = gpu_paste.USE_TRITON
-
-        def set_paste(value):
-            gpu_paste.USE_TRITON = value
-
-        ab_a("pipeline_paste_torch", "GPU paste in PyTorch calls (no Triton kernel)", "out_pipeline_pt",
-             lambda: set_paste(False), lambda: set_paste(kept_paste))
+        ab_attr("pipeline_paste_torch", "GPU paste in PyTorch calls (no Triton kernel)", "out_pipeline_pt",
+                gpu_paste, "USE_TRITON", False)
     if args.ab_paste:
-        kept_mode = args.paste
-
-        def set_mode(value):
-            args.paste = value
-
-        ab_a(f"pipeline_paste_{args.ab_paste}", f"--paste {args.ab_paste}", "out_pipeline_pm",
-             lambda: set_mode(args.ab_paste), lambda: set_mode(kept_mode))
+        ab_attr(f"pipeline_paste_{args.ab_paste}", f"--paste {args.ab_paste}", "out_pipeline_pm", args, "paste",
+                args.ab_paste)
     if args.ab_area_torch:
         from gpen_tune.face import area_triton
 
@@ -603,22 +585,11 @@ def main(argv: list[str] | None = None) -> int:
 
         ab_a("pipeline_area_torch", "detector's area resize in PyTorch calls", "out_pipeline_at",
              lambda: set_area(False), lambda: set_area(True))
-    if args.ab_soften_per_face:
-        from gpen_tune.throughput import gpu_paste
-
-        def set_together(value):
-            gpu_paste.SOFTEN_TOGETHER = value
-
-        ab_a("pipeline_soften_per_face", "GPU paste softens small faces one at a time", "out_pipeline_sf",
-             lambda: set_together(False), lambda: set_together(True))
     if args.ab_nms_torchvision:
         from gpen_tune.face import nms_triton
 
-        def set_nms(value):
-            nms_triton.USE_TRITON = value
-
-        ab_a("pipeline_nms_torchvision", "detector's NMS through torchvision (one greedy pass over all groups)",
-             "out_pipeline_nt", lambda: set_nms(False), lambda: set_nms(True))
+        ab_attr("pipeline_nms_torchvision", "detector's NMS through torchvision (one greedy pass over all groups)",
+                "out_pipeline_nt", nms_triton, "USE_TRITON", False)
     if args.ab_detector_batch:
         mtcnn = getattr(server, "_inner", server)
         kept_det = (mtcnn.max_batch, server._max_images, args.prepare_workers)

@@ -14,14 +14,9 @@ import os
 
 import torch
 
-try:  # optional: without Triton the PyTorch version is used
-    import triton
-    import triton.language as tl
-except Exception:  # pragma: no cover - depends on the install
-    triton = None
-    tl = None
+from gpen_tune.ops.triton_support import INTERPRET as _INTERPRET  # without Triton the PyTorch version is used
+from gpen_tune.ops.triton_support import tl, triton
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # GPEN_TUNE_AREA=torch: the PyTorch version even where the kernel could run (A/B measurements)
 USE_TRITON = os.environ.get("GPEN_TUNE_AREA", "") != "torch"
 BLOCK = 256

@@ -22,14 +22,9 @@ import os
 import numpy as np
 import torch
 
-try:  # optional: without Triton torchvision's nms is used
-    import triton
-    import triton.language as tl
-except Exception:  # pragma: no cover - depends on the install
-    triton = None
-    tl = None
+from gpen_tune.ops.triton_support import INTERPRET as _INTERPRET  # without Triton torchvision's nms is used
+from gpen_tune.ops.triton_support import tl, triton
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # GPEN_TUNE_NMS=torchvision: torchvision's nms even where the kernel could run (A/B measurements)
 USE_TRITON = os.environ.get("GPEN_TUNE_NMS", "") != "torchvision"
 BLOCK = 256

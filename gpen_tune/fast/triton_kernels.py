@@ -12,23 +12,20 @@ import math
 
 import torch
 
-try:  # Triton is optional: the PyTorch twins in epilogue.py are the fallback
-    import triton
-    import triton.language as tl
-except Exception:  # pragma: no cover - depends on the install
-    triton = None
-    tl = None
+from gpen_tune.ops.triton_support import (
+    INTERPRET,  # without Triton: the PyTorch twins in epilogue.py
+    tl,
+    triton,
+)
 
 _SQRT2 = math.sqrt(2.0)
 
 
 def available(device: torch.device | str) -> bool:
     """Triton kernels can run for tensors on `device` (CUDA, or any device under the interpreter)."""
-    import os
-
     if triton is None:
         return False
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if INTERPRET:
         return True
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():

@@ -24,16 +24,11 @@ import warnings
 
 import torch
 
-try:  # optional: without Triton the conv path is used
-    import triton
-    import triton.language as tl
-except Exception:  # pragma: no cover - depends on the install
-    triton = None
-    tl = None
+from gpen_tune.ops.triton_support import INTERPRET as _INTERPRET  # without Triton the conv path is used
+from gpen_tune.ops.triton_support import tl, triton
 
 MODE = {"triton": "always", "torch": "never"}.get(os.environ.get("GPEN_TUNE_FIR", ""), "auto")
 EAGER_MIN_ELEMENTS = 1 << 22          # 4M: GPEN-512 bs1's two largest planes (512^2 x 32, 256^2 x 64) and up
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 _TILE_Y, _TILE_X = 16, 64
 _capturing = threading.local()
 

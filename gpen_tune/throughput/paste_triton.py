@@ -13,18 +13,11 @@ PyTorch version (tests/test_throughput.py runs this kernel in Triton's interpret
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-try:  # optional: without Triton the PyTorch version is used
-    import triton
-    import triton.language as tl
-except Exception:  # pragma: no cover - depends on the install
-    triton = None
-    tl = None
+from gpen_tune.ops.triton_support import INTERPRET as _INTERPRET  # without Triton the PyTorch version is used
+from gpen_tune.ops.triton_support import tl, triton
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 BLOCK = 256
 
 
