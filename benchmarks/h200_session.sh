@@ -447,7 +447,76 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
     timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
       --skip-serial --ab-soften-per-face --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part42" >&2; exit 2 ;;
+  part43)
+    step "GPU tests (all): faces cut on the GPU, 852b2df's tidy"
+    timeout 280 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | grep -v -i warn | tail -12 >> "$LOG"
+    step "pipeline A/B/A on 1,024 photos: faces cut on the CPU vs on the GPU"
+    timeout 220 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --ab-cut-on-cpu --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    ;;
+  part44)
+    step "pipeline A/B/A on 1,024 photos: detector stream at high priority (the detector now limits)"
+    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --ab-detector-priority --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    step "pipeline A/B/A on 1,024 photos: up to 64 images per detector call, 64 prepare threads"
+    timeout 240 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --ab-detector-batch 64 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    ;;
+  part45)   # --ab-detector-servers was not in throughput.py yet: its two A/Bs failed; they ran as part46
+    step "GPU tests: detector plans and servers, faces cut on the GPU (run: 7 passed)"
+    timeout 150 "$PY" -m pytest -q -m gpu tests/test_throughput.py tests/test_face_align.py -p no:cacheprovider 2>&1 \
+      | grep -v -i warn | tail -8 >> "$LOG"
+    step "pipeline A/B/A on 1,024 photos: 2 detector threads"
+    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --ab-detector-servers 2 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    step "pipeline A/B/A on 1,024 photos: 3 detector threads"
+    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --ab-detector-servers 3 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    ;;
+  part46)   # run at that session's code; detector servers (BatchingDetector(servers=N), MTCNN plan pool) since
+            # removed: 599.2 (2 threads) vs 675.8 / 630.7, 628.1 (3 threads) vs 665.2 / 687.8 faces/s
+    step "pipeline A/B/A on 1,024 photos: 2 detector threads"
+    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --ab-detector-servers 2 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    step "pipeline A/B/A on 1,024 photos: 3 detector threads"
+    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --ab-detector-servers 3 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    ;;
+  part47)
+    step "pipeline on 1,024 photos with the detector's phases timed (diagnostics: where a detector call goes)"
+    timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --detector-phases --out "$DEST" 2>&1 | tail -8 >> "$LOG"
+    step "detector alone and under 48 decode threads (kernels by name)"
+    timeout 150 "$PY" benchmarks/detector_contention.py --out "$DEST" 2>&1 | tail -12 >> "$LOG"
+    ;;
+  part48)   # --ab-pinned-uploads since removed (measured slower: 569 vs 616 / 628 faces/s)
+    step "pipeline A/B/A on 1,024 photos: image uploads through page-locked staging, detector phases timed"
+    timeout 220 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --ab-pinned-uploads --detector-phases --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    ;;
+  part49)   # run with the canvas filled by one torch._foreach_copy_ (mtcnn_batched.ONE_CALL_FILL, since removed:
+            # 587.2 / 629.7 vs 604.6 one copy per image, the fill phase unchanged at ~2.3 s)
+    step "GPU tests: mtcnn (canvas filled in one call)"
+    timeout 150 "$PY" -m pytest -q -m gpu tests/test_mtcnn_batched.py tests/test_throughput.py -p no:cacheprovider \
+      2>&1 | grep -v -i warn | tail -6 >> "$LOG"
+    step "pipeline A/B/A on 1,024 photos: detector canvas filled one copy per image vs one call, phases timed"
+    timeout 220 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --ab-fill-per-image --detector-phases --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    ;;
+  part50)
+    step "pipeline on 1,024 photos, then with the detector in a process of its own (own GIL, own CUDA context)"
+    timeout 220 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --ab-detector-process --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    step "throughput: serial and pipeline, 256 photos (the headline run)"
+    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
+      --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    ;;
+  part51)
+    step "pipeline A/B/A/B on 1,024 photos: detector thread / detector process / thread / process"
+    timeout 260 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
+      --skip-serial --ab-detector-process --ab-process-repeat --out "$DEST" 2>&1 | tail -12 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part51" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

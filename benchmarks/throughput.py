@@ -284,11 +284,71 @@ def measure(name: str, run, meter: BusyMeter, device: torch.device) -> dict:
         "process_cpu_cores": round(sampler.process_cpu_s / wall, 2),      # mean busy cores of this process
         "cpu_by_thread": sampler.cpu_by_thread(),
         "stages": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in summary.stages.items()},
+        "image_timings_s": image_timings(summary),
     }
     if device.type == "cuda":
         out["peak_gpu_allocated_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
         out["peak_gpu_reserved_mib"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
     return out, summary
+
+
+def image_timings(summary) -> dict:
+    """Seconds per step summed over the run's images (each image's job timings: decode, detect (its share of the
+    detector call, waiting included), align (crops cut), restore (share of the batch), paste, encode ...)."""
+    total: dict[str, float] = {}
+    for r in summary.results:
+        job = getattr(r.job, "job", r.job)          # the runner's item wraps the pipeline's ImageJob
+        for k, v in (getattr(job, "timings", None) or {}).items():
+            total[k] = total.get(k, 0.0) + v
+    return {k: round(v, 3) for k, v in sorted(total.items())}
+
+
+class DetectorPhases:
+    """--detector-phases: wall seconds of the batched MTCNN driver's phases, summed over calls (diagnostics; the
+    P-Net phase gets a stream sync at its end so its GPU time is not billed to the candidates phase)."""
+
+    def __init__(self) -> None:
+        from gpen_tune.face import mtcnn_batched as mb
+
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._mb = mb
+        self._saved = []
+        for owner, name, key, sync in ((mb.FixedCanvasPNet, "__call__", "pnet_fill_upload_replay", True),
+                                       (mb.FixedCanvasPNet, "_host_canvas", "pnet_wait_previous_upload", False),
+                                       (mb.FixedCanvasPNet, "_planes", "pnet_planes", False),
+                                       (mb._Driver, "_candidates", "pnet_candidates_nms", False),
+                                       (mb._Driver, "_stage2", "rnet", False), (mb._Driver, "_stage3", "onet", False),
+                                       (mb._Driver, "_finish", "download_final_nms", False)):
+            self._wrap(owner, name, key, sync)
+
+    def _wrap(self, owner, name: str, key: str, sync: bool) -> None:
+        fn = getattr(owner, name)
+        self._saved.append((owner, name, fn))
+
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            out = fn(*a, **kw)
+            if sync and torch.cuda.is_available():
+                t1 = time.perf_counter()
+                torch.cuda.current_stream().synchronize()
+                self._add(key + "_gpu_wait", time.perf_counter() - t1)
+                self._add(key, t1 - t0)
+            else:
+                self._add(key, time.perf_counter() - t0)
+            return out
+
+        setattr(owner, name, timed)
+
+    def _add(self, key: str, dt: float) -> None:
+        self.seconds[key] = self.seconds.get(key, 0.0) + dt
+        self.calls[key] = self.calls.get(key, 0) + 1
+
+    def reset(self) -> None:
+        self.seconds, self.calls = {}, {}
+
+    def report(self) -> dict:
+        return {k: {"s": round(v, 3), "calls": self.calls[k]} for k, v in self.seconds.items()}
 
 
 def limiting_stage(res: dict) -> dict:
@@ -385,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--detector", default="mtcnn", help="mtcnn works offline; retinaface needs cached weights")
     ap.add_argument("--det-size", type=int, default=1024, help="long side the detector sees (0 = native)")
     ap.add_argument("--skip-serial", action="store_true")
+    ap.add_argument("--ext", default=None, choices=("png", "jpg"),
+                    help="output format (default: as the input, JPEG): png compares serial and pipeline outputs "
+                         "without JPEG's re-quantisation, which turns a one-level pixel difference into several")
     ap.add_argument("--ab-caller-shrink", action="store_true",
                     help="also run the pipeline with the previous detector thread (it shrinks every image itself, "
                          "on the default CUDA stream): A/B in the same run")
@@ -394,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ab-detector-process", action="store_true",
                     help="also run the pipeline with the detector in a process of its own (own GIL, own CUDA "
                          "context; pixels through shared memory): A/B in the same run")
+    ap.add_argument("--ab-process-repeat", action="store_true",
+                    help="with --ab-detector-process: A/B/A/B (thread, process, thread, process) in the same run")
     ap.add_argument("--no-warm-run", dest="warm_run", action="store_false",
                     help="with an --ab-* flag: skip the untimed full pipeline run before the timed A/B/A runs")
     ap.add_argument("--ab-switch-interval", type=float, default=None, metavar="SECONDS",
@@ -411,6 +476,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="A/B/A in the same run: the pipeline with this --paste instead")
     ap.add_argument("--ab-nms-torchvision", action="store_true",
                     help="A/B/A in the same run: the detector's NMS through torchvision's nms vs the per-group kernel")
+    ap.add_argument("--detector-phases", action="store_true",
+                    help="diagnostics: time the MTCNN driver's phases during the pipeline run (adds one stream sync "
+                         "per detector call)")
+    ap.add_argument("--ab-cut-on-cpu", action="store_true",
+                    help="A/B/A in the same run: every face cut on the CPU and uploaded by the GPU stage, instead of "
+                         "cut on the GPU from the image the paste uploads anyway")
     ap.add_argument("--ab-area-torch", action="store_true",
                     help="A/B/A in the same run: the detector's area resize in PyTorch calls instead of one Triton "
                          "kernel (P-Net graphs re-captured before each timed run)")
@@ -466,8 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     capture = getattr(enhancer.detector, "capture_graphs", None)
     if capture is not None:
         capture()                         # the detector's P-Net graphs, every batch bucket (as the generator's)
-    enhance_folder(warm_in, work / "warm_serial", enhancer=enhancer, serial=True)
-    enhance_folder(warm_in, work / "warm_pipe", enhancer=enhancer, workers=args.workers,
+    enhance_folder(warm_in, work / "warm_serial", enhancer=enhancer, serial=True, ext=args.ext)
+    enhance_folder(warm_in, work / "warm_pipe", enhancer=enhancer, workers=args.workers, ext=args.ext,
                    prepare_workers=args.prepare_workers, max_batch=batch,
                    paste=args.paste, detect_batch=args.detect_batch, bucket_batches=not compiled_or_graphed)
     warmup_s = time.perf_counter() - t
@@ -477,8 +548,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_serial:
         print("serial path ...", flush=True)
         runs["serial"], summaries["serial"] = measure(
-            "serial", lambda: enhance_folder(folder, work / "out_serial", enhancer=enhancer, serial=True), meter,
-            device)
+            "serial", lambda: enhance_folder(folder, work / "out_serial", enhancer=enhancer, serial=True,
+                                             ext=args.ext), meter, device)
     server = enhancer.detector                # the pipeline's BatchingDetector (installed by the warm-up run)
     for k in ("calls", "images", "largest", "busy_s"):
         if hasattr(server, k):
@@ -486,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def pipeline(out: str):
         """One pipelined run of the folder into work/out with this run's settings (for measure)."""
-        return lambda: enhance_folder(folder, work / out, enhancer=enhancer, workers=args.workers,
+        return lambda: enhance_folder(folder, work / out, enhancer=enhancer, workers=args.workers, ext=args.ext,
                                       prepare_workers=args.prepare_workers, max_batch=batch,
                                       max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
                                       bucket_batches=not compiled_or_graphed)
@@ -500,8 +571,16 @@ def main(argv: list[str] | None = None) -> int:
         for k in ("calls", "images", "largest", "busy_s"):
             if hasattr(server, k):
                 setattr(server, k, 0)
+    phases = DetectorPhases() if args.detector_phases else None
     print("pipeline ...", flush=True)
     runs["pipeline"], summaries["pipeline"] = measure("pipeline", pipeline("out_pipeline"), meter, device)
+
+    def attach_phases(name: str) -> None:
+        if phases is not None:
+            runs[name]["detector_phases"] = phases.report()
+            phases.reset()
+
+    attach_phases("pipeline")
     detector_stats = {k: getattr(server, k, None) for k in ("calls", "images", "largest", "busy_s")}
     if detector_stats["busy_s"] is not None:  # share of the pipeline's wall time the detector thread was detecting
         detector_stats["busy_s"] = round(detector_stats["busy_s"], 3)
@@ -520,10 +599,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pipeline, {what} ...", flush=True)
         try:
             runs[name], _ = measure(name, pipeline(out_dir), meter, device)
+            attach_phases(name)
         finally:
             restore()
         print("pipeline again, as before (A/B/A) ...", flush=True)
         runs["pipeline_repeat"], _ = measure("pipeline_repeat", pipeline("out_pipeline_a2"), meter, device)
+        attach_phases("pipeline_repeat")
 
     def ab_attr(name: str, what: str, out_dir: str, owner, attr: str, value) -> None:
         """ab_a for one attribute (a module switch, a detector field): B sets it to `value`, then it is put back."""
@@ -573,6 +654,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.ab_paste:
         ab_attr(f"pipeline_paste_{args.ab_paste}", f"--paste {args.ab_paste}", "out_pipeline_pm", args, "paste",
                 args.ab_paste)
+    if args.ab_cut_on_cpu:
+        from gpen_tune.throughput import stages as stages_module
+
+        ab_attr("pipeline_cut_on_cpu", "faces cut on the CPU, uploaded by the GPU stage", "out_pipeline_cc",
+                stages_module, "CUT_ON_DEVICE", False)
     if args.ab_area_torch:
         from gpen_tune.face import area_triton
 
@@ -605,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
     process_detector = None
     if args.ab_detector_process:
         def run_with_process_detector(inputs, out: Path):
-            return enhance_folder(inputs, out, enhancer=enhancer, workers=args.workers,
+            return enhance_folder(inputs, out, enhancer=enhancer, workers=args.workers, ext=args.ext,
                                   prepare_workers=args.prepare_workers, max_batch=batch,
                                   max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
                                   bucket_batches=not compiled_or_graphed, detector_process=True)
@@ -613,6 +699,9 @@ def main(argv: list[str] | None = None) -> int:
         print("pipeline, detector in its own process (start + warm-up not timed) ...", flush=True)
         # the first run spawns the detector process (it replaces the detector thread) and warms its detector;
         # the child's memory is not in this process's RSS / GPU peaks below
+        t_proc = time.perf_counter()
+        run_with_process_detector(warm_in[:1], work / "warm_proc0")
+        proc_start_s = time.perf_counter() - t_proc            # spawn, import, CUDA context, build, graph capture
         run_with_process_detector(warm_in, work / "warm_proc")
         proc = enhancer.detector
         for k in ("calls", "images", "largest"):
@@ -621,8 +710,18 @@ def main(argv: list[str] | None = None) -> int:
             "pipeline_detector_process", lambda: run_with_process_detector(folder, work / "out_pipeline_proc"),
             meter, device)
         process_detector = {k: getattr(proc, k) for k in ("calls", "images", "largest")}
+        process_detector["start_s"] = round(proc_start_s, 2)
         process_detector["outputs_vs_pipeline"] = compare_outputs(summaries["pipeline"].results,
                                                                   summaries["pipeline_detector_process"].results)
+        if args.ab_process_repeat:       # A/B/A/B: the detector thread again, then the process again
+            enhancer._detector = server
+            print("pipeline again with the detector thread ...", flush=True)
+            runs["pipeline_repeat"], _ = measure("pipeline_repeat", pipeline("out_pipeline_a2"), meter, device)
+            enhancer._detector = proc
+            print("pipeline again with the detector process ...", flush=True)
+            runs["pipeline_detector_process_repeat"], _ = measure(
+                "pipeline_detector_process_repeat", lambda: run_with_process_detector(folder, work / "out_proc2"),
+                meter, device)
         proc.close()
         enhancer._detector = server           # back to the detector thread (the process one replaced it)
     pipe = runs["pipeline"]

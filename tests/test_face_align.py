@@ -99,3 +99,87 @@ def test_crop_puts_the_face_where_the_template_is():
 def test_invert_affine_exact():
     m = np.array([[1.3, -0.2, 14.0], [0.2, 1.3, -7.5]])
     np.testing.assert_allclose(invert_affine(invert_affine(m)), m, atol=1e-12)
+
+
+def _reference_crop(image: np.ndarray, affine: np.ndarray, size: int) -> np.ndarray:
+    """The crop's definition written out: float64 inverse map, positions rounded to 1/32 px, the four neighbours
+    clamped to the image, integer weights in 1/1024, rounded half up."""
+    inv = invert_affine(affine)
+    r, c = np.mgrid[0:size, 0:size].astype(np.float64)
+    x = np.rint(inv[0, 0] * c * 32).astype(np.int64) + np.rint((inv[0, 1] * r + inv[0, 2]) * 32).astype(np.int64)
+    y = np.rint(inv[1, 0] * c * 32).astype(np.int64) + np.rint((inv[1, 1] * r + inv[1, 2]) * 32).astype(np.int64)
+    ix, fx, iy, fy = x >> 5, (x & 31)[..., None], y >> 5, (y & 31)[..., None]
+    h, w = image.shape[:2]
+
+    def px(yy, xx):
+        return image[np.clip(yy, 0, h - 1), np.clip(xx, 0, w - 1)].astype(np.int64)
+
+    acc = ((32 - fx) * (32 - fy) * px(iy, ix) + fx * (32 - fy) * px(iy, ix + 1)
+           + (32 - fx) * fy * px(iy + 1, ix) + fx * fy * px(iy + 1, ix + 1))
+    return ((acc + 512) >> 10).astype(np.uint8)
+
+
+def _random_affines(n: int, seed: int = 0) -> list[np.ndarray]:
+    """Rotations, scales 0.3-3 and shifts that put the crop partly or wholly outside the 512x512 image."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        a, s = rng.uniform(-0.7, 0.7), rng.uniform(0.3, 3.0)
+        out.append(np.array([[s * np.cos(a), -s * np.sin(a), rng.uniform(-400, 150)],
+                             [s * np.sin(a), s * np.cos(a), rng.uniform(-400, 150)]]))
+    return out
+
+
+def test_crop_is_the_fixed_point_definition_on_real_faces_and_borders():
+    """warp_crop (OpenCV's integer remap on our tables) equals the definition bit for bit: real alignments of the
+    bundled photos and random affines that run off every border (replicated, not black)."""
+    img, dets = detections("astronaut")
+    cases = [alignment(d.landmarks, 512, "gpen")[0] for d in dets] + _random_affines(12)
+    for m in cases:
+        got = warp_crop(img, m, 512)
+        np.testing.assert_array_equal(got, _reference_crop(img, m, 512))
+    far = np.array([[1.0, 0.0, -5000.0], [0.0, 1.0, -5000.0]])          # crop entirely beyond the bottom right
+    np.testing.assert_array_equal(warp_crop(img, far, 8), np.broadcast_to(img[-1, -1], (8, 8, 3)))
+    huge = np.array([[0.001, 0.0, 0.0], [0.0, 0.001, 0.0]])               # positions beyond int16 (saturated)
+    np.testing.assert_array_equal(warp_crop(img, huge, 64), _reference_crop(img, huge, 64))
+
+
+def test_device_crop_kernel_equals_warp_crop_in_interpreter():
+    """The GPU kernel (face.warp_triton), run in Triton's interpreter: same bits as warp_crop for every face of
+    an image in one launch, a non-square image, and border cases."""
+    from triton_interp import run_in_interpreter
+
+    res = run_in_interpreter("""
+import json
+import numpy as np, torch
+from face_testdata import detections
+from gpen_tune.face.align import alignment, warp_crop
+from gpen_tune.face import warp_triton
+from test_face_align import _random_affines
+img, dets = detections("mosaic")
+img = np.ascontiguousarray(img[:, : img.shape[1] - 37])
+affines = [alignment(d.landmarks, 64, "gpen")[0] for d in dets] + _random_affines(4, seed=3)
+tables = torch.from_numpy(warp_triton.face_tables(affines, 64))
+got = warp_triton.warp_crops(torch.from_numpy(img), tables).numpy()
+want = np.stack([warp_crop(img, m, 64) for m in affines])
+print("RESULT" + json.dumps({"faces": len(affines), "max": int(np.abs(got.astype(int) - want).max()),
+                              "changed": int(np.abs(want.astype(int) - want[:1]).max())}))
+""".replace("from face_testdata", "import sys; sys.path.insert(0, 'tests')\nfrom face_testdata"))
+    assert res["faces"] >= 6 and res["max"] == 0 and res["changed"] > 50, res
+
+
+@pytest.mark.gpu
+def test_cuda_device_crops_equal_warp_crop():
+    import torch
+
+    from gpen_tune.face import warp_triton
+
+    if not torch.cuda.is_available() or not warp_triton.available(torch.device("cuda")):
+        pytest.skip("needs CUDA and Triton")
+    img, dets = detections("mosaic")
+    affines = [alignment(d.landmarks, 512, "gpen")[0] for d in dets] + _random_affines(6, seed=5)
+    dev = torch.device("cuda")
+    got = warp_triton.warp_crops(torch.from_numpy(img).to(dev),
+                                 torch.from_numpy(warp_triton.face_tables(affines, 512)).to(dev)).cpu().numpy()
+    for g, m in zip(got, affines, strict=True):
+        np.testing.assert_array_equal(g, warp_crop(img, m, 512))

@@ -1,4 +1,4 @@
-"""Alignment: 5-point templates, Umeyama similarity, bilinear crop and its exact inverse."""
+"""Alignment: 5-point templates, Umeyama similarity, fixed-point bilinear crop and its exact inverse."""
 
 from __future__ import annotations
 
@@ -75,7 +75,41 @@ def apply_affine(m: np.ndarray, points: np.ndarray) -> np.ndarray:
     return points @ m[:, :2].T + m[:, 2]
 
 
+# Crop sampling positions are fixed point in 1/32 px (OpenCV's INTER_BITS, the precision of its remap tables).
+SUBPIXEL_BITS = 5
+SUBPIXEL = 1 << SUBPIXEL_BITS
+
+
+def crop_tables(affine: np.ndarray, size: int) -> np.ndarray:
+    """[4, S] int32 source positions of an SxS crop in 1/32 px, separable in the crop's column c and row r:
+    x = t[0][c] + t[1][r], y = t[2][c] + t[3][r] (each term rounded half to even from float64).
+
+    The crop is defined by these integers rather than by cv2.warpAffine, whose OpenCV 5 version interpolates in
+    float32 along SIMD-width-dependent paths: the CPU (`warp_crop`) and the GPU (`face.warp_triton`) both read
+    the same tables and do the same integer bilinear, so their crops are the same bits."""
+    inv = invert_affine(np.asarray(affine, dtype=np.float64))
+    s = np.arange(size, dtype=np.float64)
+    return np.stack([
+        np.rint(inv[0, 0] * s * SUBPIXEL), np.rint((inv[0, 1] * s + inv[0, 2]) * SUBPIXEL),
+        np.rint(inv[1, 0] * s * SUBPIXEL), np.rint((inv[1, 1] * s + inv[1, 2]) * SUBPIXEL),
+    ]).astype(np.int32)
+
+
 def warp_crop(image: np.ndarray, affine: np.ndarray, size: int) -> np.ndarray:
-    """SxS bilinear crop. Border pixels are replicated, so a face at the image edge does not bleed black into the
-    restored crop (and back into the image through the paste's bilinear interpolation)."""
-    return cv2.warpAffine(image, affine, (size, size), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    """SxS bilinear crop at the fixed-point positions of `crop_tables`, through OpenCV's integer remap (weights
+    (32 - fx)(32 - fy) ... in 1/1024, rounded half up). Border pixels are replicated, so a face at the image edge
+    does not bleed black into the restored crop (and back into the image through the paste's interpolation)."""
+    t = crop_tables(affine, size)
+    x = t[1][:, None] + t[0][None, :]                      # int32 [S, S]
+    y = t[3][:, None] + t[2][None, :]
+    whole = np.empty((size, size, 2), np.int16)
+    if max(abs(int(v)) for v in (x.min(), x.max(), y.min(), y.max())) >> SUBPIXEL_BITS < 32767:
+        np.right_shift(x, SUBPIXEL_BITS, out=whole[..., 0], casting="unsafe")
+        np.right_shift(y, SUBPIXEL_BITS, out=whole[..., 1], casting="unsafe")
+    else:                                                  # positions beyond int16: saturate, as OpenCV does
+        whole[..., 0] = np.clip(x >> SUBPIXEL_BITS, -32768, 32767)
+        whole[..., 1] = np.clip(y >> SUBPIXEL_BITS, -32768, 32767)
+    frac = (y & (SUBPIXEL - 1)).astype(np.uint16)
+    frac <<= SUBPIXEL_BITS
+    frac |= (x & (SUBPIXEL - 1)).astype(np.uint16)
+    return cv2.remap(image, whole, frac, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)

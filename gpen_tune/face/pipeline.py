@@ -66,7 +66,7 @@ class EnhanceSettings:
 
 @dataclass
 class FaceCrop:
-    crop: np.ndarray                     # [S, S, 3] uint8 RGB
+    crop: np.ndarray | None              # [S, S, 3] uint8 RGB (None until cut: `Enhancer.prepare(warp=False)`)
     affine: np.ndarray                   # 2x3 image -> crop
     inverse: np.ndarray                  # 2x3 crop -> image
     detection: Detection | None          # None for --aligned inputs
@@ -230,8 +230,11 @@ class Enhancer:
         return self._parser
 
     # -- stage 1
-    def prepare(self, sources: Iterable[str | Path | np.ndarray | Picture]) -> list[ImageJob]:
-        """Decode every source, detect faces in all of them at once (batched), align. Errors stay per job."""
+    def prepare(self, sources: Iterable[str | Path | np.ndarray | Picture], warp: bool = True) -> list[ImageJob]:
+        """Decode every source, detect faces in all of them at once (batched), align. Errors stay per job.
+
+        `warp=False`: the faces get their affines but no crop yet (the folder runner cuts them on the GPU, or
+        later with `cut_faces`)."""
         jobs: list[ImageJob] = []
         for src in sources:
             job = ImageJob(source=str(src) if not isinstance(src, np.ndarray | Picture) else "<array>")
@@ -259,18 +262,29 @@ class Enhancer:
             share = (time.perf_counter() - t) / len(live)
             for job, dets in zip(live, found, strict=True):
                 job.add_time("detect", share)
-                self._align(job, dets)
+                self._align(job, dets, warp)
         return jobs
 
-    def _align(self, job: ImageJob, dets: list[Detection]) -> None:
+    def _align(self, job: ImageJob, dets: list[Detection], warp: bool = True) -> None:
         t = time.perf_counter()
         pic = job.picture
         if self.settings.only_center_face:
             dets = center_face(dets, *pic.size)
-        rgb8 = pic.rgb8()
         for det in dets:
             affine, inverse = alignment(det.landmarks, self.size, self.settings.template)
-            job.faces.append(FaceCrop(warp_crop(rgb8, affine, self.size), affine, inverse, det))
+            job.faces.append(FaceCrop(None, affine, inverse, det))
+        job.add_time("align", time.perf_counter() - t)
+        if warp:
+            self.cut_faces(job)
+
+    def cut_faces(self, job: ImageJob) -> None:
+        """Cut the crops that `prepare(warp=False)` left out, on the CPU."""
+        t = time.perf_counter()
+        rgb8 = None
+        for face in job.faces:
+            if face.crop is None:
+                rgb8 = job.picture.rgb8() if rgb8 is None else rgb8
+                face.crop = warp_crop(rgb8, face.affine, self.size)
         job.add_time("align", time.perf_counter() - t)
 
     def _align_whole(self, job: ImageJob) -> None:

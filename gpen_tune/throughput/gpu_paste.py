@@ -82,10 +82,13 @@ USE_TRITON = os.environ.get("GPEN_TUNE_PASTE", "") != "torch"
 
 @torch.inference_mode()
 def paste_faces_device(base: np.ndarray, faces: Sequence[DeviceFace], strength: float = 1.0,
-                       device: torch.device | str | None = None) -> np.ndarray:
+                       device: torch.device | str | None = None, base_device: torch.Tensor | None = None,
+                       ) -> np.ndarray:
     """A copy of `base` [H,W,3] uint8 with the faces pasted, computed on `device` (default: the faces' device).
 
-    On CUDA with Triton: one kernel for all faces (`paste_triton`); else the PyTorch version below."""
+    `base_device`: the same pixels already on that device (the folder runner uploaded them to cut the faces), read
+    instead of uploading the faces' union box again. On CUDA with Triton: one kernel for all faces
+    (`paste_triton`); else the PyTorch version below."""
     out = base.copy()
     if strength <= 0 or not faces:
         return out
@@ -100,10 +103,13 @@ def paste_faces_device(base: np.ndarray, faces: Sequence[DeviceFace], strength: 
         return out
     ux0, uy0 = min(b[0] for b in boxes), min(b[1] for b in boxes)
     ux1, uy1 = max(b[2] for b in boxes), max(b[3] for b in boxes)
-    src = torch.from_numpy(np.ascontiguousarray(base[uy0:uy1, ux0:ux1]))
-    if dev.type == "cuda":
-        src = src.pin_memory()
-    src = src.to(dev, non_blocking=True)                                    # [h,w,3] input pixels, uint8
+    if base_device is not None and base_device.device == dev:
+        src = base_device[uy0:uy1, ux0:ux1].contiguous()
+    else:
+        src = torch.from_numpy(np.ascontiguousarray(base[uy0:uy1, ux0:ux1]))
+        if dev.type == "cuda":
+            src = src.pin_memory()
+        src = src.to(dev, non_blocking=True)                                # [h,w,3] input pixels, uint8
     kept = [(f, r) for f, r in zip(faces, rois, strict=True) if r is not None]
     if USE_TRITON and paste_triton.available(dev) and len({f.restored.shape for f, _ in kept}) == 1:
         out[uy0:uy1, ux0:ux1] = _paste_triton(src, kept, (ux0, uy0), strength, dev).cpu().numpy()

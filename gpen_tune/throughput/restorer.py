@@ -85,12 +85,14 @@ class PendingBatch:
         if self._events is not None:
             start, end = self._events
             owner.times.generator_s += start.elapsed_time(end) / 1000.0
+        download = self._host is not None
         if self._finite is not None and not bool(self._finite):       # NaN guard tripped: fp32 re-run, in order
             self._device_out = owner._recover(self._device_in)
-            host = self._device_out.cpu().numpy()
+            host = self._device_out.cpu().numpy() if download else None
         else:
-            host = self._host[: self._n].numpy()
-        self._ready = [host[i].copy() for i in range(self._n)]   # the pinned buffer is reused by a later batch
+            host = self._host[: self._n].numpy() if download else None
+        # the pinned buffer is reused by a later batch: copy out of it
+        self._ready = [host[i].copy() for i in range(self._n)] if download else [None] * self._n
         self._host = self._finite = self._device_in = None
         return self._ready
 
@@ -133,8 +135,12 @@ class CropRestorer:
             self._slot = 0
 
     # -- public -------------------------------------------------------------------------------------------------
-    def submit(self, crops: Sequence[np.ndarray]) -> PendingBatch:
-        """Start restoring `crops` (each [S,S,3] uint8 RGB); at most one earlier batch should still be pending."""
+    def submit(self, crops: Sequence[np.ndarray | torch.Tensor], download: bool = True) -> PendingBatch:
+        """Start restoring `crops` (each [S,S,3] uint8 RGB); at most one earlier batch should still be pending.
+
+        On CUDA a crop may be a device tensor already (cut on the GPU; its producer has synchronized), and
+        `download=False` leaves the results on the device only (`result()` then gives None per crop: read
+        `device_out`)."""
         n = len(crops)
         t0 = time.perf_counter()
         if n == 0:
@@ -144,7 +150,7 @@ class CropRestorer:
         self.times.batches += 1
         self.times.faces += n
         self.times.batch_sizes[n] = self.times.batch_sizes.get(n, 0) + 1
-        batch = self._submit_cpu(crops) if not self.cuda else self._submit_cuda(crops)
+        batch = self._submit_cpu(crops) if not self.cuda else self._submit_cuda(crops, download)
         batch.submitted_at = t0
         return batch
 
@@ -159,9 +165,9 @@ class CropRestorer:
         return out
 
     # -- CPU ----------------------------------------------------------------------------------------------------
-    def _submit_cpu(self, crops: Sequence[np.ndarray]) -> PendingBatch:
+    def _submit_cpu(self, crops: Sequence[np.ndarray | torch.Tensor]) -> PendingBatch:
         t0 = time.perf_counter()
-        x = to_model_input(torch.from_numpy(np.stack(crops)), self.dtype)
+        x = to_model_input(torch.stack([torch.as_tensor(c) for c in crops]), self.dtype)
         t1 = time.perf_counter()
         with torch.inference_mode():
             y, _ = self._restore_split(x)
@@ -172,22 +178,32 @@ class CropRestorer:
         return PendingBatch(self, len(crops), None, None, None, ready=[out[i] for i in range(len(crops))])
 
     # -- CUDA ---------------------------------------------------------------------------------------------------
-    def _submit_cuda(self, crops: Sequence[np.ndarray]) -> PendingBatch:
-        n = len(crops)
-        slot = self._slot
-        self._slot ^= 1
+    def _upload(self, crops: Sequence[np.ndarray], slot: int, stream: torch.cuda.Stream) -> torch.Tensor:
+        """Host crops through the slot's pinned buffer to the device, without blocking."""
         if self._in_free[slot] is not None:
             self._in_free[slot].synchronize()            # the upload from two batches ago has finished
-        t0 = time.perf_counter()
         host_in = self._in[slot]
         view = host_in.numpy()
         for i, c in enumerate(crops):
             view[i] = c
-        stream = torch.cuda.current_stream(self.device)
-        dev_u8 = host_in[:n].to(self.device, non_blocking=True)
+        dev_u8 = host_in[: len(crops)].to(self.device, non_blocking=True)
         copied = torch.cuda.Event()
         copied.record(stream)
         self._in_free[slot] = copied
+        return dev_u8
+
+    def _submit_cuda(self, crops: Sequence[np.ndarray | torch.Tensor], download: bool = True) -> PendingBatch:
+        n = len(crops)
+        slot = self._slot
+        self._slot ^= 1
+        t0 = time.perf_counter()
+        stream = torch.cuda.current_stream(self.device)
+        if all(isinstance(c, torch.Tensor) and c.device == self.device for c in crops):
+            dev_u8 = torch.stack(list(crops))            # cut on the GPU: one gather, no host copies
+        elif any(isinstance(c, torch.Tensor) for c in crops):
+            dev_u8 = torch.stack([torch.as_tensor(c).to(self.device) for c in crops])
+        else:
+            dev_u8 = self._upload(crops, slot, stream)
         start = torch.cuda.Event(enable_timing=True) if self.timed else None
         end = torch.cuda.Event(enable_timing=True) if self.timed else None
         with torch.inference_mode():
@@ -198,8 +214,9 @@ class CropRestorer:
             if end is not None:
                 end.record(stream)
             dev_out = to_uint8_nhwc(y)
-        host_out = self._out[slot]
-        host_out[:n].copy_(dev_out, non_blocking=True)
+        host_out = self._out[slot] if download else None
+        if host_out is not None:
+            host_out[:n].copy_(dev_out, non_blocking=True)
         flag = None
         if finite is not None:                           # the NaN guard, read when the batch is collected
             flag = self._flag[slot]

@@ -49,8 +49,9 @@ class Stages(Protocol):
     def prepare(self, index: int, path: Path) -> Any:
         """Decode + detect + align: a job object holding the image and its aligned crops (thread-safe)."""
 
-    def crops(self, job: Any) -> Sequence[np.ndarray]:
-        """The job's aligned face crops, [S,S,3] uint8 RGB each (may be empty)."""
+    def crops(self, job: Any) -> Sequence[Any]:
+        """The job's aligned face crops, [S,S,3] uint8 RGB each (may be empty); device tensors when the stage cut
+        them on the restorer's device."""
 
     def finish(self, job: Any, restored: list[np.ndarray], restored_device: list[Any] | None = None) -> Path | None:
         """Paste back + encode + atomic write; returns the written path (thread-safe).
@@ -368,6 +369,7 @@ class _Run:
         deadline = 0.0
         t_start = time.perf_counter()
         on_restored = getattr(self.stages, "restored", None)     # optional: per-face share of the batch time
+        needs_host = getattr(self.stages, "needs_host_restored", None) if self.on_device else None
 
         def complete() -> bool:
             nonlocal inflight
@@ -407,7 +409,8 @@ class _Run:
             if self.before_restore is not None:
                 self.before_restore()
             try:
-                batch = self.restorer.submit([s.crops[k] for s, k in entries])
+                download = needs_host is None or any(needs_host(s.job) for s, _ in entries)
+                batch = self.restorer.submit([s.crops[k] for s, k in entries], download=download)
             except KeyboardInterrupt:
                 raise
             except Exception as exc:
