@@ -516,7 +516,12 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
     timeout 260 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
       --skip-serial --ab-detector-process --ab-process-repeat --out "$DEST" 2>&1 | tail -12 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part51" >&2; exit 2 ;;
+  part52)
+    step "4,096 photos: pipeline with the detector thread, then with the detector process (steady state, timeline)"
+    timeout 420 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 4096 --batch 32 \
+      --skip-serial --ab-detector-process --no-warm-run --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part52" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

@@ -148,11 +148,29 @@ class BusyMeter:
 
     def reset(self) -> None:
         self.events, self.cpu_s, self.calls = [], 0.0, 0
+        self.origin = None
+        if torch.cuda.is_available():
+            self.origin = torch.cuda.Event(enable_timing=True)   # t = 0 of the run's GPU timeline
+            self.origin.record()
 
     def seconds(self) -> float:
         if self.events:
             torch.cuda.synchronize()
         return self.cpu_s + sum(s.elapsed_time(e) for s, e in self.events) / 1000.0
+
+    def timeline(self, wall_s: float) -> dict | None:
+        """When the generator ran, from the run's start: its first batch, the end of its last one, and its busy
+        share of the middle of the run (10-90 % of the wall time), without the ramp-up (first decodes and
+        detections) and the drain (last pastes and writes)."""
+        if not self.events or self.origin is None:
+            return None
+        torch.cuda.synchronize()
+        spans = sorted((self.origin.elapsed_time(s) / 1000.0, self.origin.elapsed_time(e) / 1000.0)
+                       for s, e in self.events)
+        lo, hi = 0.1 * wall_s, 0.9 * wall_s
+        inside = sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in spans)
+        return {"first_batch_s": round(spans[0][0], 3), "last_batch_end_s": round(spans[-1][1], 3),
+                "gpu_busy_10_90": round(inside / (hi - lo), 3)}
 
 
 def _thread_cpu_ticks() -> dict[int, int]:
@@ -279,6 +297,7 @@ def measure(name: str, run, meter: BusyMeter, device: torch.device) -> dict:
         "generator_s": round(gen, 3),
         "generator_calls": meter.calls,
         "gpu_busy": round(gen / wall, 3) if device.type == "cuda" else None,
+        "generator_timeline": meter.timeline(wall) if device.type == "cuda" else None,
         "nvml_util_mean": round(float(np.mean(sampler.util)), 3) if sampler.util else None,
         "peak_host_rss_mib": round(sampler.rss_peak / 2**20, 1),
         "process_cpu_cores": round(sampler.process_cpu_s / wall, 2),      # mean busy cores of this process
