@@ -521,7 +521,14 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
     timeout 420 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 4096 --batch 32 \
       --skip-serial --ab-detector-process --no-warm-run --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part52" >&2; exit 2 ;;
+  part53)
+    step "4,096 photos, --detector-process: serial (first 256 photos) and pipeline in one run, the issue's targets"
+    timeout 300 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 4096 --batch 32 \
+      --serial-images 256 --detector-process --out "$DEST" 2>&1 | tail -8 >> "$LOG"
+    step "GPU tests (all), final code of session 7"
+    timeout 250 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | grep -v -i warn | tail -8 >> "$LOG"
+    ;;
+  *) echo "usage: $0 part1|...|part53" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"

@@ -387,9 +387,11 @@ def limiting_stage(res: dict) -> dict:
 
 
 def compare_outputs(a: list, b: list, limit: int = 40) -> dict:
-    """Max / mean absolute difference of decoded outputs, serial vs pipeline (first `limit` pairs)."""
+    """Max / mean absolute difference of decoded outputs, serial vs pipeline (first `limit` pairs; the serial run
+    may cover only the first photos of the folder)."""
     diffs = []
-    for ra, rb in list(zip(a, b, strict=True))[:limit]:
+    n = min(len(a), len(b), limit)
+    for ra, rb in zip(a[:n], b[:n], strict=True):
         if ra.output is None or rb.output is None:
             continue
         x, y = cv2.imread(str(ra.output)), cv2.imread(str(rb.output))
@@ -464,6 +466,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--detector", default="mtcnn", help="mtcnn works offline; retinaface needs cached weights")
     ap.add_argument("--det-size", type=int, default=1024, help="long side the detector sees (0 = native)")
     ap.add_argument("--skip-serial", action="store_true")
+    ap.add_argument("--serial-images", type=int, default=None, metavar="N",
+                    help="time the serial path on the first N photos only (the folder repeats its 16 distinct "
+                         "photos, so N a multiple of 16 has the same mix); speedup from faces/s")
+    ap.add_argument("--detector-process", action="store_true",
+                    help="the pipeline runs its detector in a process of its own (enhance --detector-process); "
+                         "the process starts in the untimed warm-up")
     ap.add_argument("--ext", default=None, choices=("png", "jpg"),
                     help="output format (default: as the input, JPEG): png compares serial and pipeline outputs "
                          "without JPEG's re-quantisation, which turns a one-level pixel difference into several")
@@ -557,18 +565,28 @@ def main(argv: list[str] | None = None) -> int:
     if capture is not None:
         capture()                         # the detector's P-Net graphs, every batch bucket (as the generator's)
     enhance_folder(warm_in, work / "warm_serial", enhancer=enhancer, serial=True, ext=args.ext)
+    if args.detector_process and args.ab_detector_process:
+        ap.error("--detector-process and --ab-detector-process: use one")
+    in_process_detector = enhancer.detector     # the serial path keeps it when the pipeline's is a process
     enhance_folder(warm_in, work / "warm_pipe", enhancer=enhancer, workers=args.workers, ext=args.ext,
                    prepare_workers=args.prepare_workers, max_batch=batch,
-                   paste=args.paste, detect_batch=args.detect_batch, bucket_batches=not compiled_or_graphed)
+                   paste=args.paste, detect_batch=args.detect_batch, bucket_batches=not compiled_or_graphed,
+                   detector_process=args.detector_process)
     warmup_s = time.perf_counter() - t
 
     runs = {}
     summaries = {}
+    serial_inputs = sorted(folder.iterdir())[: args.serial_images] if args.serial_images else folder
     if not args.skip_serial:
         print("serial path ...", flush=True)
-        runs["serial"], summaries["serial"] = measure(
-            "serial", lambda: enhance_folder(folder, work / "out_serial", enhancer=enhancer, serial=True,
-                                             ext=args.ext), meter, device)
+        pipeline_detector = enhancer._detector
+        enhancer._detector = in_process_detector if args.detector_process else pipeline_detector
+        try:
+            runs["serial"], summaries["serial"] = measure(
+                "serial", lambda: enhance_folder(serial_inputs, work / "out_serial", enhancer=enhancer, serial=True,
+                                                 ext=args.ext), meter, device)
+        finally:
+            enhancer._detector = pipeline_detector
     server = enhancer.detector                # the pipeline's BatchingDetector (installed by the warm-up run)
     for k in ("calls", "images", "largest", "busy_s"):
         if hasattr(server, k):
@@ -579,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
         return lambda: enhance_folder(folder, work / out, enhancer=enhancer, workers=args.workers, ext=args.ext,
                                       prepare_workers=args.prepare_workers, max_batch=batch,
                                       max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
-                                      bucket_batches=not compiled_or_graphed)
+                                      bucket_batches=not compiled_or_graphed, detector_process=args.detector_process)
 
     ab = any(v not in (None, False) for k, v in vars(args).items() if k.startswith("ab_"))
     if ab and args.warm_run:
@@ -759,6 +777,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"batch": batch, "fixed_batch_padding": bool(compiled_or_graphed), "workers": args.workers,
                      "prepare_workers": pipe["stages"].get("prepare_workers"),
                      "max_wait_ms": args.max_wait_ms, "paste": args.paste, "detect_batch": args.detect_batch,
+                     "detector_process": args.detector_process, "serial_images": args.serial_images,
                      "detector": enhancer.detector.name,
                      "detector_pnet_graphs": getattr(enhancer.detector, "uses_pnet_graphs", None),
                      "det_size": settings.det_size, "max_inflight": pipe["stages"].get("max_inflight")},

@@ -234,3 +234,24 @@ def test_exif_rotated_photo_is_restored_upright(tmp_path, model):
     out = e.write(job, tmp_path / "o.jpg", "JPEG")
     with Image.open(out) as im:
         assert im.getexif().get(0x0112) == 1
+
+
+def test_cli_detector_process_writes_what_the_detector_thread_writes(tmp_path):
+    """--detector-process: the runner's detector in a child process gives the same files; with --lazy-detector it
+    is refused in one line, before any output."""
+    src = tmp_path / "in"
+    src.mkdir()
+    Image.fromarray(samples.astronaut()).save(src / "a.png")
+    Image.fromarray(samples.mosaic(4, 0)).save(src / "b.png")
+    common = ["--weights", "synthetic", "--model", MODEL, "--detector", "mtcnn", "--device", "cpu"]
+    thread = invoke([str(src), "-o", str(tmp_path / "thread"), *common])
+    proc = invoke([str(src), "-o", str(tmp_path / "proc"), "--detector-process", *common])
+    assert thread.exit_code == 0 and proc.exit_code == 0, proc.output
+    for name in ("a.png", "b.png"):
+        a = np.asarray(Image.open(tmp_path / "thread" / name)).astype(int)
+        b = np.asarray(Image.open(tmp_path / "proc" / name)).astype(int)
+        assert np.abs(a - b).max() <= 2, name
+        assert np.abs(a - np.asarray(Image.open(src / name)).astype(int)).max() > 20      # faces were restored
+    lazy = invoke([str(src), "-o", str(tmp_path / "lazy"), "--detector-process", "--lazy-detector", *common])
+    assert lazy.exit_code == 1 and "lazy" in lazy.output
+    assert not any((tmp_path / "lazy").glob("*.png"))

@@ -197,6 +197,11 @@ def enhance(
     serial: Annotated[bool, typer.Option("--serial", help="Process images one step at a time (the serial path) "
                                          "instead of the pipelined runner used for several inputs.",
                                          rich_help_panel=MODEL_PANEL)] = False,
+    detector_process: Annotated[bool, typer.Option(
+        "--detector-process", help="Run the face detector in a process of its own (its own GIL) for big folders: "
+        "H200, 4,096 photos: 693 vs 625 faces/s, the GPU busy 81 vs 66 % of the run; its start costs ~10 s. "
+        "Not with --lazy-detector; ignored by --serial and single images.",
+        rich_help_panel=DETECT_PANEL)] = False,
     preset: PresetOpt = None,
     lazy_detector: LazyDetectorOpt = None,
     compile: CompileOpt = None,
@@ -243,7 +248,7 @@ def enhance(
     out.print(f"optimizations: {line}", highlight=False, soft_wrap=True)
     code = run_enhance(files, output, settings, ext=ext, suffix=suffix, name_pattern=name_pattern, report=report,
                        save_faces=save_faces, save_comparison=save_comparison, n_missing=len(missing),
-                       workers=workers, serial=serial, tune=cfg)
+                       workers=workers, serial=serial, tune=cfg, detector_process=detector_process)
     raise typer.Exit(code)
 
 
@@ -273,7 +278,7 @@ def build_enhancer(settings, tune=None):
 
 
 def run_enhance(files, output, settings, *, ext, suffix, name_pattern, report, save_faces, save_comparison,
-                n_missing=0, workers=None, serial=False, tune=None) -> int:
+                n_missing=0, workers=None, serial=False, tune=None, detector_process=False) -> int:
     """Build the enhancer, run every image with a progress bar, print the summary; returns the exit code.
 
     `tune`: the TuneConfig of the optimization switches (None = the plain model, no switch applied).
@@ -318,7 +323,10 @@ def run_enhance(files, output, settings, *, ext, suffix, name_pattern, report, s
             from gpen_tune.throughput.api import run_jobs  # several inputs: pipelined runner (issue 7)
 
             jobs = run_jobs(files, naming, enhancer, on_job=on_job, save_faces=save_faces,
-                            save_comparison=save_comparison, workers=workers, serial=serial)
+                            save_comparison=save_comparison, workers=workers, serial=serial,
+                            detector_process=detector_process)
+        except ValueError as e:           # e.g. --detector-process with --lazy-detector
+            raise fail(str(e)) from None
         finally:
             enhancer.close()
     wall = time.perf_counter() - t0

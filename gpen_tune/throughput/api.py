@@ -162,12 +162,14 @@ def run_jobs(
     workers: int | None = None,
     serial: bool = False,
     paste: str = "auto",
+    detector_process: bool = False,
 ) -> JobList:
     """The CLI's entry: `enhance_paths`' contract (jobs in input order, `on_job` per image) on the pipelined runner.
 
     Several inputs go through the runner (faces batched across images, `enhancer.settings.batch_size` faces per
     generator call at most); one input, or `serial=True`, runs the serial driver. Images not processed because of
     Ctrl-C come back as failed jobs ("not processed (interrupted)") and `.interrupted` is set.
+    `detector_process`: the runner's detector in a process of its own (see `enhance_folder`).
     """
     from gpen_tune.face.pipeline import ImageJob, enhance_paths
 
@@ -187,7 +189,8 @@ def run_jobs(
     restore_fn, bucketed = one_shape_when_compiled(enhancer.restore_fn, enhancer.settings.batch_size)
     restorer = CropRestorer(restore_fn, enhancer.device, enhancer.size,
                             max_batch=enhancer.settings.batch_size, dtype=enhancer.dtype)
-    stages = EnhancerStages(enhancer, naming, paths, stems, paste, save_faces, save_comparison)
+    stages = EnhancerStages(enhancer, naming, paths, stems, paste, save_faces, save_comparison,
+                            detector_process=detector_process)
 
     def as_job(r: ImageResult) -> Any:
         if r.job is not None:
