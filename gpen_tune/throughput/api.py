@@ -67,8 +67,8 @@ def enhance_folder(
         bucket_batches: batches of bucket sizes (1, 2, 4, ...); False takes up to max_batch at once (for a
             restorer that pads every batch to one shape, e.g. `FixedBatch`).
         detector_process: the detector in a process of its own (`throughput.detect_process`) instead of a
-            thread of this one. Opt-in: on an H200 without MPS it was not faster (331 vs 341 faces/s in one run,
-            benchmarks/results/20261201-022528_*). Not with a lazy detector.
+            thread of this one. Opt-in (its start costs ~10 s); on an H200, 4,096 photos: 693 vs 625 faces/s
+            (benchmarks/results/20261201-081014_*). Not with a lazy detector.
         on_result: called per image, in completion order, in the calling thread.
     Returns:
         RunSummary: per-image results in input order, wall time, per-stage timings.

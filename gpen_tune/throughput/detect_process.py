@@ -3,10 +3,13 @@
 Why: in a folder run the detector thread of `detect_server.BatchingDetector` runs hundreds of small torch ops
 per batch in Python (`gpen_tune.face.mtcnn_batched`) and competes for the GIL with ~60 other threads (H200: ~73
 images/s in the run against 292 images/s for the same driver alone, py-spy shows the GIL). A process has its
-own GIL and its own CUDA context. Measured (H200, no MPS, `benchmarks/throughput.py --ab-detector-process`, one
-run, 20261201-022528): 331 faces/s against 341 with the detector thread, so it stays opt-in. Without MPS the GPU
-time-slices between the two processes' contexts, so the detector's kernels no longer overlap the generator's as
-they do on a second stream of one process; with MPS it is unmeasured.
+own GIL and its own CUDA context. Measured (H200, no MPS, `benchmarks/throughput.py`): no faster while other
+stages also limited (331 vs 341 faces/s, 20261201-022528); once the detector was the only limit (session 7), faster
+in every comparison: 620 / 623 vs 598 / 547 faces/s on 1,024 photos (20261201-080529), 693 vs 625 on 4,096
+(20261201-081014). It stays opt-in (`enhance --detector-process`) because its start (spawn, import, CUDA context,
+P-Net graphs) takes ~10 s. Without MPS the GPU time-slices between the two processes' contexts, so the
+detector's kernels no longer overlap the generator's as they do on a second stream of one process (the
+generator's event time per face was ~12 % higher); with MPS it is unmeasured.
 
 How: the batching is the same as BatchingDetector's (callers shrink to det_size in their own threads; a server
 thread in this process takes everything queued, up to MAX_IMAGES, per call). The server thread copies the batch's

@@ -46,7 +46,8 @@ class EnhancerStages:
             "cpu" or "gpu".
         save_faces / save_comparison: the serial driver's extra outputs.
         detector_process: run the detector in a process of its own (`detect_process.ProcessDetector`, opt-in:
-            not faster on an H200 without MPS) instead of a thread of this one; refused with a lazy detector.
+            its start costs ~10 s; H200, 4,096 photos: 693 vs 625 faces/s with the detector thread,
+            benchmarks/results/20261201-081014) instead of a thread of this one; refused with a lazy detector.
 
     Attribute `cut_on_device` (default: wherever the GPU paste and the crop kernel can run, unless the module's
     CUT_ON_DEVICE is off): cut the faces of GPU-pasted images on the GPU; False cuts every crop on the CPU.
