@@ -30,6 +30,13 @@
 #   benchmarks/h200_session.sh part40  # session 6: A/B/A of direct copies from page-locked memory (run 2026-12-01; flags since removed)
 #   benchmarks/h200_session.sh part41  # session 6: all GPU tests; serial + pipeline (256), pipeline (1,024), A/A/A calibration (~8 min)
 #   benchmarks/h200_session.sh part42  # session 6: runner GPU tests; A/B/A of the small faces softened together (run 2026-12-01; flag since removed)
+#   benchmarks/h200_session.sh part43  # session 7: all GPU tests; pipeline A/B/A of faces cut on the CPU vs the GPU (~4 min)
+#   benchmarks/h200_session.sh part44  # session 7: pipeline A/B/As: detector stream priority, 64-image detector calls (~3 min)
+#   benchmarks/h200_session.sh part45..part49  # session 7: experiments whose flags were since removed (see each part)
+#   benchmarks/h200_session.sh part50  # session 7: detector thread vs process (1,024 photos); serial + pipeline (256) (~2 min)
+#   benchmarks/h200_session.sh part51  # session 7: A/B/A/B detector thread / process, 1,024 photos (~2 min)
+#   benchmarks/h200_session.sh part52  # session 7: detector thread vs process, 4,096 photos (~2 min)
+#   benchmarks/h200_session.sh part53  # session 7: the issue's targets in one run (4,096 photos, --detector-process); all GPU tests (~4 min)
 #   benchmarks/h200_session.sh part24  # session 5: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
 #   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
 #   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
@@ -51,6 +58,13 @@ DEST=${OUT:-benchmarks/results}
 LOG="$DEST/session-${1:-part1}.log"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 step() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; }
+# folder512 SECONDS LINES ARGS...: benchmarks/throughput.py on GPEN-BFR-512, --preset speed, batch 32, with ARGS;
+# the last LINES lines of its output go to the log (parts 43 on)
+folder512() {
+  local limit=$1 lines=$2; shift 2
+  timeout "$limit" "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --batch 32 "$@" \
+    --out "$DEST" 2>&1 | tail -"$lines" >> "$LOG"
+}
 
 case "${1:-part1}" in
   part1)
@@ -451,48 +465,39 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
     step "GPU tests (all): faces cut on the GPU, 852b2df's tidy"
     timeout 280 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | grep -v -i warn | tail -12 >> "$LOG"
     step "pipeline A/B/A on 1,024 photos: faces cut on the CPU vs on the GPU"
-    timeout 220 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
-      --skip-serial --ab-cut-on-cpu --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    folder512 220 10 --images 1024 --skip-serial --ab-cut-on-cpu
     ;;
   part44)
     step "pipeline A/B/A on 1,024 photos: detector stream at high priority (the detector now limits)"
-    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
-      --skip-serial --ab-detector-priority --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    folder512 200 10 --images 1024 --skip-serial --ab-detector-priority
     step "pipeline A/B/A on 1,024 photos: up to 64 images per detector call, 64 prepare threads"
-    timeout 240 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
-      --skip-serial --ab-detector-batch 64 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    folder512 240 10 --images 1024 --skip-serial --ab-detector-batch 64
     ;;
   part45)   # --ab-detector-servers was not in throughput.py yet: its two A/Bs failed; they ran as part46
     step "GPU tests: detector plans and servers, faces cut on the GPU (run: 7 passed)"
     timeout 150 "$PY" -m pytest -q -m gpu tests/test_throughput.py tests/test_face_align.py -p no:cacheprovider 2>&1 \
       | grep -v -i warn | tail -8 >> "$LOG"
     step "pipeline A/B/A on 1,024 photos: 2 detector threads"
-    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
-      --skip-serial --ab-detector-servers 2 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    folder512 200 10 --images 1024 --skip-serial --ab-detector-servers 2
     step "pipeline A/B/A on 1,024 photos: 3 detector threads"
-    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
-      --skip-serial --ab-detector-servers 3 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    folder512 200 10 --images 1024 --skip-serial --ab-detector-servers 3
     ;;
   part46)   # run at that session's code; detector servers (BatchingDetector(servers=N), MTCNN plan pool) since
             # removed: 599.2 (2 threads) vs 675.8 / 630.7, 628.1 (3 threads) vs 665.2 / 687.8 faces/s
     step "pipeline A/B/A on 1,024 photos: 2 detector threads"
-    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
-      --skip-serial --ab-detector-servers 2 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    folder512 200 10 --images 1024 --skip-serial --ab-detector-servers 2
     step "pipeline A/B/A on 1,024 photos: 3 detector threads"
-    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
-      --skip-serial --ab-detector-servers 3 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    folder512 200 10 --images 1024 --skip-serial --ab-detector-servers 3
     ;;
   part47)
     step "pipeline on 1,024 photos with the detector's phases timed (diagnostics: where a detector call goes)"
-    timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
-      --skip-serial --detector-phases --out "$DEST" 2>&1 | tail -8 >> "$LOG"
+    folder512 150 8 --images 1024 --skip-serial --detector-phases
     step "detector alone and under 48 decode threads (kernels by name)"
     timeout 150 "$PY" benchmarks/detector_contention.py --out "$DEST" 2>&1 | tail -12 >> "$LOG"
     ;;
   part48)   # --ab-pinned-uploads since removed (measured slower: 569 vs 616 / 628 faces/s)
     step "pipeline A/B/A on 1,024 photos: image uploads through page-locked staging, detector phases timed"
-    timeout 220 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
-      --skip-serial --ab-pinned-uploads --detector-phases --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    folder512 220 10 --images 1024 --skip-serial --ab-pinned-uploads --detector-phases
     ;;
   part49)   # run with the canvas filled by one torch._foreach_copy_ (mtcnn_batched.ONE_CALL_FILL, since removed:
             # 587.2 / 629.7 vs 604.6 one copy per image, the fill phase unchanged at ~2.3 s)
@@ -500,31 +505,25 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
     timeout 150 "$PY" -m pytest -q -m gpu tests/test_mtcnn_batched.py tests/test_throughput.py -p no:cacheprovider \
       2>&1 | grep -v -i warn | tail -6 >> "$LOG"
     step "pipeline A/B/A on 1,024 photos: detector canvas filled one copy per image vs one call, phases timed"
-    timeout 220 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
-      --skip-serial --ab-fill-per-image --detector-phases --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    folder512 220 10 --images 1024 --skip-serial --ab-fill-per-image --detector-phases
     ;;
   part50)
     step "pipeline on 1,024 photos, then with the detector in a process of its own (own GIL, own CUDA context)"
-    timeout 220 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
-      --skip-serial --ab-detector-process --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    folder512 220 10 --images 1024 --skip-serial --ab-detector-process
     step "throughput: serial and pipeline, 256 photos (the headline run)"
-    timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
-      --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    folder512 200 10 --images 256
     ;;
   part51)
     step "pipeline A/B/A/B on 1,024 photos: detector thread / detector process / thread / process"
-    timeout 260 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
-      --skip-serial --ab-detector-process --ab-process-repeat --out "$DEST" 2>&1 | tail -12 >> "$LOG"
+    folder512 260 12 --images 1024 --skip-serial --ab-detector-process --ab-process-repeat
     ;;
   part52)
     step "4,096 photos: pipeline with the detector thread, then with the detector process (steady state, timeline)"
-    timeout 420 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 4096 --batch 32 \
-      --skip-serial --ab-detector-process --no-warm-run --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    folder512 420 10 --images 4096 --skip-serial --ab-detector-process --no-warm-run
     ;;
   part53)
     step "4,096 photos, --detector-process: serial (first 256 photos) and pipeline in one run, the issue's targets"
-    timeout 300 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 4096 --batch 32 \
-      --serial-images 256 --detector-process --out "$DEST" 2>&1 | tail -8 >> "$LOG"
+    folder512 300 8 --images 4096 --serial-images 256 --detector-process
     step "GPU tests (all), final code of session 7"
     timeout 250 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | grep -v -i warn | tail -8 >> "$LOG"
     ;;

@@ -331,8 +331,6 @@ class DetectorPhases:
 
         self.seconds: dict[str, float] = {}
         self.calls: dict[str, int] = {}
-        self._mb = mb
-        self._saved = []
         for owner, name, key, sync in ((mb.FixedCanvasPNet, "__call__", "pnet_fill_upload_replay", True),
                                        (mb.FixedCanvasPNet, "_host_canvas", "pnet_wait_previous_upload", False),
                                        (mb.FixedCanvasPNet, "_planes", "pnet_planes", False),
@@ -343,7 +341,6 @@ class DetectorPhases:
 
     def _wrap(self, owner, name: str, key: str, sync: bool) -> None:
         fn = getattr(owner, name)
-        self._saved.append((owner, name, fn))
 
         def timed(*a, **kw):
             t0 = time.perf_counter()
