@@ -816,4 +816,6 @@ def test_cuda_faces_cut_on_the_gpu(mixed_folder, tmp_path):
         assert it.image_device is not None and not stages.needs_host_restored(it)
     stages.save_faces = True
     assert stages.needs_host_restored(with_faces[0])
+    again = stages.prepare(with_faces[0].index, paths[with_faces[0].index])
+    assert again.image_device is None and all(f.crop is not None for f in again.job.faces)   # --save-faces: host crops
     enh.close()

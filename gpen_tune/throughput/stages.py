@@ -120,11 +120,11 @@ class EnhancerStages:
 
     def _cut(self, item: _Item) -> _Item:
         """Cut the faces left uncut by `prepare(warp=False)`: on the GPU for images the GPU will paste (the upload
-        serves both), else on the CPU."""
+        serves both), else on the CPU (also with --save-faces, which writes each host crop beside its restoration)."""
         job = item.job
         if not self.cut_on_device or not job.faces or self.enhancer.settings.strength <= 0:
             return item
-        if not self._use_device_paste(job):
+        if not self._use_device_paste(job) or self.save_faces:
             self.enhancer.cut_faces(job)
             return item
         import time
