@@ -3,7 +3,9 @@
 The public API is small and imports torch only when used:
 
     import gpen_tune
-    model = gpen_tune.load_model("synthetic", model="GPEN-BFR-512", device="cuda")
+    restored = gpen_tune.enhance_image("photo.jpg", device="cuda")                     # one image, in memory
+    result = gpen_tune.enhance(["albums/"], "restored/", tune=gpen_tune.preset("speed"))  # many, to a folder
+    model = gpen_tune.load_model("GPEN-BFR-512", device="cuda")                         # the bare generator
 """
 
 from __future__ import annotations
@@ -11,11 +13,16 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 _LAZY = {
-    "load_model": ("gpen_tune.model.load", "load_model"),
+    "load_model": ("gpen_tune.load", "load_model"),
     "FullGenerator": ("gpen_tune.model.gpen", "FullGenerator"),
     "GPENConfig": ("gpen_tune.model.configs", "GPENConfig"),
     "MODELS": ("gpen_tune.model.configs", "MODELS"),
-    "enhance_image": ("gpen_tune.face.pipeline", "enhance_image"),
+    "enhance": ("gpen_tune.pipeline.api", "enhance"),
+    "enhance_image": ("gpen_tune.pipeline.api", "enhance_image"),
+    "Pipeline": ("gpen_tune.pipeline.api", "Pipeline"),
+    "EnhanceSettings": ("gpen_tune.pipeline.settings", "EnhanceSettings"),
+    "TuneConfig": ("gpen_tune.tune.options", "TuneConfig"),
+    "preset": ("gpen_tune.tune.options", "preset"),
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -1,4 +1,8 @@
-"""One place for console output: results to stdout, notices and errors to stderr."""
+"""One place for console output and for turning library exceptions into one-line messages.
+
+Results go to stdout, notices and errors to stderr. `USER_ERRORS` is the one table of exceptions a command
+reports as `error: <one line>` with exit 1 (anything else is a bug and keeps its traceback).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ err = Console(stderr=True)
 
 
 def notice(msg: str) -> None:
-    err.print(f"[bold yellow]notice:[/] {msg}")
+    err.print(f"[bold yellow]notice:[/] {msg}", highlight=False, soft_wrap=True)
 
 
 def fail(msg: str, code: int = 1) -> typer.Exit:
@@ -20,3 +24,25 @@ def fail(msg: str, code: int = 1) -> typer.Exit:
     err.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
     sys.stderr.flush()
     return typer.Exit(code)
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """The library's exceptions that mean "the input or a setting is wrong" (each says what and how to fix)."""
+    from gpen_tune.face.detect import DetectorError
+    from gpen_tune.imageio import ImageReadError
+    from gpen_tune.pipeline.outputs import OutputError
+    from gpen_tune.weights.cache import WeightsNotFoundError
+    from gpen_tune.weights.checkpoint import CheckpointError
+
+    return (OutputError, ImageReadError, DetectorError, CheckpointError, WeightsNotFoundError, ValueError, KeyError,
+            OSError, RuntimeError)
+
+
+def one_line(exc: BaseException) -> str:
+    """The exception's message on one line (KeyError's quotes dropped), never cut."""
+    text = str(exc).strip().strip("'\"") or type(exc).__name__
+    return " ".join(text.split())
+
+
+def failure(exc: BaseException) -> typer.Exit:
+    return fail(one_line(exc))

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from gpen_tune.cli import app
-from gpen_tune.cli._console import fail, notice, out
+from gpen_tune.cli._console import failure, notice, one_line, out
 from gpen_tune.cli._options import Preset, tune_config_from_options
 
 
@@ -43,7 +43,7 @@ def official_weights_or_synthetic(model: str) -> str:
     try:
         return str(ensure_weights(model, download=True, timeout=10.0, retries=1))
     except Exception as e:  # offline, mirror down, refused pin: the demo still runs, on synthetic weights
-        notice(f"official {model} weights unavailable ({str(e).splitlines()[0][:160]})")
+        notice(f"official {model} weights unavailable ({one_line(e)}): using synthetic weights")
         return "synthetic"
 
 
@@ -61,23 +61,27 @@ def demo(
                                            "picks from free GPU memory.", case_sensitive=False)] = Preset.auto,
 ) -> None:
     """Restore the faces of bundled real photos and print the per-stage timings (works offline)."""
-    from gpen_tune.cli.enhance import check_output_dir, default_batch_size, run_enhance
-    from gpen_tune.face.pipeline import EnhanceSettings, resolve_device
+    from gpen_tune.cli.enhance import run_command
+    from gpen_tune.model.configs import model_info
+    from gpen_tune.pipeline.api import Pipeline, enhance
+    from gpen_tune.pipeline.scheduler import SchedulerConfig
+    from gpen_tune.pipeline.settings import EnhanceSettings, resolve_device
 
-    results = output / "results"
-    check_output_dir(results)
-    inputs = write_bundled_photos(output / "inputs")
-    weights = weights or official_weights_or_synthetic(model)
-    try:
+    try:                                  # arguments first: an unknown model fails before any notice
+        model_info(model)
         dev = resolve_device(device, notice)
         cfg, line = tune_config_from_options(preset, device=dev.type)
-        settings = EnhanceSettings(model=model, weights=weights, device=str(dev), detector=detector,
-                                   batch_size=default_batch_size(dev))
-    except (ValueError, RuntimeError) as e:
-        raise fail(str(e)) from None
+        EnhanceSettings(model=model, device=str(dev), detector=detector)
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise failure(e) from None
+    results = output / "results"
+    inputs = write_bundled_photos(output / "inputs")
+    weights = weights or official_weights_or_synthetic(model)
+    settings = EnhanceSettings(model=model, weights=weights, device=str(dev), detector=detector)
     out.print(f"demo: {len(inputs)} bundled photos -> {results}")
     out.print(f"optimizations: {line}", highlight=False, soft_wrap=True)
-    code = run_enhance([(p, p.stem) for p in inputs], results, settings, ext=None, suffix="", name_pattern=
-                       "{name}{suffix}.{ext}", report=output / "report.json", save_faces=False,
-                       save_comparison=True, tune=cfg)
+    code = run_command([str(p) for p in inputs], results, settings, cfg, recursive=False, ext=None, suffix="",
+                       name_pattern="{name}{suffix}.{ext}", existing="overwrite", report=output / "report.json",
+                       save_faces=False, save_comparison=True, serial=None, config=SchedulerConfig(),
+                       build=Pipeline, run=enhance)
     raise typer.Exit(code)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import cv2
 import numpy as np
+import torch
+
+from gpen_tune.ops.warp_crop import warp_crops
 
 TEMPLATES = ("gpen", "ffhq")
 
@@ -85,7 +88,7 @@ def crop_tables(affine: np.ndarray, size: int) -> np.ndarray:
     x = t[0][c] + t[1][r], y = t[2][c] + t[3][r] (each term rounded half to even from float64).
 
     The crop is defined by these integers rather than by cv2.warpAffine, whose OpenCV 5 version interpolates in
-    float32 along SIMD-width-dependent paths: the CPU (`warp_crop`) and the GPU (`face.warp_triton`) both read
+    float32 along SIMD-width-dependent paths: the CPU (`warp_crop`) and the GPU (`cut_faces_device`) both read
     the same tables and do the same integer bilinear, so their crops are the same bits."""
     inv = invert_affine(np.asarray(affine, dtype=np.float64))
     s = np.arange(size, dtype=np.float64)
@@ -113,3 +116,22 @@ def warp_crop(image: np.ndarray, affine: np.ndarray, size: int) -> np.ndarray:
     frac <<= SUBPIXEL_BITS
     frac |= (x & (SUBPIXEL - 1)).astype(np.uint16)
     return cv2.remap(image, whole, frac, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+
+
+def face_tables(affines: list[np.ndarray], size: int) -> np.ndarray:
+    """[F, 4, S] int32: `crop_tables` of each face (the device crop's input)."""
+    return np.stack([crop_tables(a, size) for a in affines]) if affines else np.zeros((0, 4, size), np.int32)
+
+
+def cut_faces(image: np.ndarray, affines: list[np.ndarray], size: int) -> list[np.ndarray]:
+    """The SxS crops [S, S, 3] uint8 of every face of `image` on the host (`warp_crop` each)."""
+    return [warp_crop(image, a, size) for a in affines]
+
+
+def cut_faces_device(image: torch.Tensor, affines: list[np.ndarray], size: int, impl: str = "auto") -> torch.Tensor:
+    """[F, S, S, 3] uint8 crops of an image already on a device ([H, W, 3] uint8), on the current stream: the same
+    bits as `cut_faces` (`gpen_tune.ops.warp_crop`, a Triton kernel or its PyTorch twin)."""
+    tables = torch.from_numpy(face_tables(affines, size))
+    if image.device.type == "cuda":
+        tables = tables.pin_memory().to(image.device, non_blocking=True)
+    return warp_crops(image, tables.to(image.device), impl=impl)

@@ -1,5 +1,10 @@
 """Paste restored faces back: soft mask, inverse warp inside each face's own region, seamless compositing.
 
+Two homes for one rule: `paste_faces` on the host (OpenCV, any bit depth) and `paste_faces_device` on a torch
+device (the restored crops stay where the generator wrote them; `gpen_tune.ops.paste` does the union box of an
+image's faces in one Triton kernel or its PyTorch twin). `paste_faces_full_frame` is the upstream-like
+full-frame paste, kept only as the `--no-face-crop` comparison.
+
 Per face, only the rectangle covered by the inverse-warped crop is touched: the crop and its mask are warped into
 that region with a shifted affine (never a full-frame warp or a full-frame mask per face, which is what makes
 upstream's paste cost grow with the photo). Overlapping faces follow upstream's rule: at every pixel the face
@@ -8,13 +13,19 @@ with the larger mask wins. Pixels outside every mask keep their input values exa
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
 import cv2
 import numpy as np
+import torch
+import torch.nn.functional as F
 
-from gpen_tune.face.align import apply_affine
+from gpen_tune.face.align import apply_affine, invert_affine
+from gpen_tune.ops.paste import paste_union
+from gpen_tune.ops.transfer import to_device_async
 
 REF_SIZE = 512               # upstream's mask numbers are for a 512 crop; they scale with the crop size
 BORDER_AT_512 = 26           # px cleared on each side (facts 2.2 step 6)
@@ -163,3 +174,116 @@ def paste_faces_full_frame(base: np.ndarray, faces: list[PasteFace], strength: f
     touched = full_mask > 0
     out[touched] = np.clip(np.rint(blended[touched]), 0, top).astype(base.dtype)
     return out
+
+
+# ---------------------------------------------------------------------------------------------- on a device
+
+SMOOTH = torch.from_numpy(SMOOTH_KERNEL)
+
+
+@dataclass
+class DeviceFace:
+    """One restored face on the device: crop [S,S,3] uint8 RGB, inverse affine crop->image (2x3), mask [S,S]."""
+
+    restored: torch.Tensor
+    inverse: np.ndarray
+    mask: np.ndarray | torch.Tensor
+    soften: bool = False       # the host path's 3x3 smoothing of small faces
+
+
+def soften_device(face: torch.Tensor) -> torch.Tensor:
+    """[S,S,3] or [k,S,S,3] uint8 -> the same 3x3 smoothing as `soften` (reflect-101 border), rounded back to
+    uint8. Every plane is filtered on its own, so a batch gives each face its own result (the weights are
+    multiples of 1/16 and the pixels integers: the sums are exact in float32 whatever the order)."""
+    batched = face.dim() == 4
+    faces = face if batched else face[None]
+    k, size = faces.shape[0], faces.shape[1]
+    x = faces.permute(0, 3, 1, 2).reshape(k * 3, 1, size, size).float()   # [k*3,1,S,S]
+    x = F.pad(x, (1, 1, 1, 1), mode="reflect")
+    y = F.conv2d(x, SMOOTH.to(x.device).view(1, 1, 3, 3))
+    out = y.round().clamp(0, 255).to(torch.uint8).view(k, 3, size, size).permute(0, 2, 3, 1)
+    return out if batched else out[0]
+
+
+@torch.inference_mode()
+def paste_faces_device(base: np.ndarray, faces: Sequence[DeviceFace], strength: float = 1.0,
+                       device: torch.device | str | None = None, base_device: torch.Tensor | None = None,
+                       impl: str = "auto") -> np.ndarray:
+    """A copy of `base` [H,W,3] uint8 with the faces pasted, computed on `device` (default: the faces' device).
+
+    Same rectangles and winner rule as `paste_faces`; sampling positions are float32 where the host path
+    quantises them to 1/32 px, so the two agree within 2 grey levels. `base_device`: the same pixels already on
+    that device (the runner uploaded them to cut the faces), read instead of uploading the faces' union box.
+    `impl`: the `gpen_tune.ops.paste` implementation ("auto" | "triton" | "torch")."""
+    out = base.copy()
+    if strength <= 0 or not faces:
+        return out
+    if base.dtype != np.uint8:
+        raise ValueError("device paste handles uint8 images; use the host paste for 16-bit images")
+    strength = min(float(strength), 1.0)
+    dev = torch.device(device) if device is not None else faces[0].restored.device
+    h, w = base.shape[:2]
+    rois = [paste_region(f.inverse, f.restored.shape[0], w, h) for f in faces]
+    kept = [(f, r) for f, r in zip(faces, rois, strict=True) if r is not None]
+    if not kept:
+        return out
+    ux0, uy0 = min(r[0] for _, r in kept), min(r[1] for _, r in kept)
+    ux1, uy1 = max(r[2] for _, r in kept), max(r[3] for _, r in kept)
+    if base_device is not None and base_device.device == dev:
+        src = base_device[uy0:uy1, ux0:ux1].contiguous()
+    else:
+        src = torch.from_numpy(np.ascontiguousarray(base[uy0:uy1, ux0:ux1]))
+        if dev.type == "cuda":
+            src = src.pin_memory()
+        src = src.to(dev, non_blocking=True)                                # [h,w,3] input pixels, uint8
+    crops, masks = _stack_faces(kept, dev)
+    coefs = np.empty((len(kept), 6), np.float64)
+    boxes = np.empty((len(kept), 4), np.int32)
+    for i, (face, roi) in enumerate(kept):
+        a = invert_affine(np.asarray(face.inverse, np.float64))            # image -> crop, moved to the box
+        coefs[i] = [a[0, 0], a[0, 1], a[0, 0] * ux0 + a[0, 1] * uy0 + a[0, 2],
+                    a[1, 0], a[1, 1], a[1, 0] * ux0 + a[1, 1] * uy0 + a[1, 2]]
+        boxes[i] = [roi[0] - ux0, roi[1] - uy0, roi[2] - ux0, roi[3] - uy0]
+    pasted = paste_union(src, crops, masks, to_device_async(coefs.astype(np.float32), dev),
+                         to_device_async(boxes, dev), strength, impl=impl)
+    out[uy0:uy1, ux0:ux1] = pasted.cpu().numpy()
+    return out
+
+
+def _stack_faces(kept: list[tuple[DeviceFace, tuple[int, int, int, int]]], dev: torch.device
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """[F,S,S,3] crops on `dev` (small faces softened together: ~12 torch calls, not a dozen per face) and the
+    masks, one shared [1,S,S] when every face uses the same array."""
+    on_dev = [f.restored if f.restored.device == dev else f.restored.to(dev) for f, _ in kept]
+    if len({t.shape for t in on_dev}) != 1:
+        raise ValueError("device paste needs crops of one size per image")
+    soft = [i for i, (f, _) in enumerate(kept) if f.soften]
+    if soft:
+        softened = soften_device(torch.stack([on_dev[i] for i in soft]))
+        for j, i in enumerate(soft):
+            on_dev[i] = softened[j]
+    masks = [f.mask for f, _ in kept]
+    if all(m is masks[0] for m in masks):
+        mask = _device_mask(masks[0], dev)[None]
+    else:
+        mask = torch.stack([_device_mask(m, dev) for m in masks])
+    return torch.stack(on_dev), mask
+
+
+_masks: dict[tuple[int, str], tuple[object, torch.Tensor]] = {}
+_masks_lock = threading.Lock()
+
+
+def _device_mask(mask: np.ndarray | torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """A paste mask as float32 on `dev`; read-only host masks (face_mask's cached ones) are uploaded once per
+    device, not once per face (a pageable upload blocks the calling thread)."""
+    if isinstance(mask, torch.Tensor):
+        return mask.to(dev).float()
+    if mask.flags.writeable:
+        return torch.from_numpy(np.array(mask, np.float32)).to(dev)
+    key = (id(mask), str(dev))
+    with _masks_lock:
+        hit = _masks.get(key)
+        if hit is None or hit[0] is not mask:
+            hit = _masks[key] = (mask, torch.from_numpy(np.array(mask, np.float32)).to(dev))
+        return hit[1]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 try:
     import triton
     import triton.language as tl
@@ -17,5 +19,23 @@ except Exception:  # pragma: no cover - depends on the install
     tl = None
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+IMPLS = ("auto", "triton", "torch")
 
-__all__ = ["INTERPRET", "tl", "triton"]
+
+def kernel_runs_on(device: torch.device | str) -> bool:
+    """Whether a Triton kernel can run on `device`: CUDA with Triton, or Triton's interpreter for CPU tests."""
+    return triton is not None and (torch.device(device).type == "cuda" or INTERPRET)
+
+
+def resolve_impl(impl: str, device: torch.device | str) -> str:
+    """"triton" or "torch" for an op's `impl` argument: "auto" takes the kernel where it runs."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {', '.join(IMPLS)}, got {impl!r}")
+    if impl == "auto":
+        return "triton" if kernel_runs_on(device) else "torch"
+    if impl == "triton" and not kernel_runs_on(device):
+        raise ValueError(f"impl='triton': Triton cannot run on {device}")
+    return impl
+
+
+__all__ = ["IMPLS", "INTERPRET", "kernel_runs_on", "resolve_impl", "tl", "triton"]

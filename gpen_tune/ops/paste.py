@@ -1,6 +1,7 @@
-"""Paste-back of all faces of one image in one Triton kernel (the GPU paste's fast path on CUDA).
+"""Paste-back of all faces of one image in one call: a Triton kernel and its PyTorch twin, one signature.
 
-Why: `gpu_paste.paste_faces_device` ran ~25 PyTorch calls per face (grid, two grid_samples, blend, winner
+Why: the device paste (`gpen_tune.face.paste.paste_faces_device`) once ran ~25 PyTorch calls per face (grid,
+two grid_samples, blend, winner
 update), ~130 per photo of five faces, each needing the GIL: in a folder run the paste threads became the limiting
 stage (H200, 20261201-042746: finish workers 87 % busy, the GPU stage blocked on them 16 % of the run). Here one
 launch does the whole union box of the image's faces: per pixel, every face whose paste rectangle holds it is
@@ -8,22 +9,22 @@ sampled (bilinear, border-clamped for the crop and zero outside for the mask, as
 align_corners=True), the face with the largest mask wins (the first one on ties) and blends with the input pixel
 by its mask value, rounded half up. Same rule and rectangles as the CPU paste (`gpen_tune.face.paste`).
 Sampling positions are float32 (the CPU path quantises them to 1/32 px): within 2 grey levels of it, like the
-PyTorch version (tests/test_throughput.py runs this kernel in Triton's interpreter).
+PyTorch twin `paste_union_torch` (the same float32 arithmetic as tensor ops, one face at a time), which runs
+wherever Triton does not; `impl` chooses ("auto": the kernel where Triton runs on that device).
 """
 
 from __future__ import annotations
 
 import torch
 
-from gpen_tune.ops.triton_support import INTERPRET as _INTERPRET  # without Triton the PyTorch version is used
-from gpen_tune.ops.triton_support import tl, triton
+from gpen_tune.ops.triton_support import kernel_runs_on, resolve_impl, tl, triton
 
 BLOCK = 256
 
 
 def available(device: torch.device) -> bool:
-    """Whether `paste_union` can run on `device` (CUDA with Triton, or Triton's interpreter for the CPU tests)."""
-    return triton is not None and (device.type == "cuda" or _INTERPRET)
+    """Whether the Triton kernel can run on `device` (CUDA with Triton, or Triton's interpreter in the tests)."""
+    return kernel_runs_on(device)
 
 
 def warm_up(device: torch.device) -> None:
@@ -38,13 +39,15 @@ def warm_up(device: torch.device) -> None:
 
 
 def paste_union(bg: torch.Tensor, crops: torch.Tensor, masks: torch.Tensor, coefs: torch.Tensor,
-                rois: torch.Tensor, strength: float) -> torch.Tensor:
+                rois: torch.Tensor, strength: float, impl: str = "auto") -> torch.Tensor:
     """The pasted union box, [h, w, 3] uint8.
 
     bg: input pixels of the union box [h, w, 3] uint8. crops: restored faces [F, S, S, 3] uint8. masks: [F, S, S]
     or [1, S, S] float32 (one shared). coefs: [F, 6] float32, the affine box (x, y) -> crop (u, v) per face.
-    rois: [F, 4] int32 paste rectangles (x0, y0, x1, y1) in box coordinates.
+    rois: [F, 4] int32 paste rectangles (x0, y0, x1, y1) in box coordinates. impl: "auto" | "triton" | "torch".
     """
+    if resolve_impl(impl, bg.device) == "torch":
+        return paste_union_torch(bg, crops, masks, coefs, rois, strength)
     h, w = bg.shape[:2]
     n_faces, size = crops.shape[0], crops.shape[1]
     out = torch.empty_like(bg)
@@ -53,6 +56,55 @@ def paste_union(bg: torch.Tensor, crops: torch.Tensor, masks: torch.Tensor, coef
     _paste_kernel[grid](bg, out, crops.contiguous(), masks.contiguous(), coefs.contiguous(), rois.contiguous(),
                         n_faces, w, h, size, mask_stride, float(strength), BLOCK=BLOCK)
     return out
+
+
+def _bilinear(plane: torch.Tensor, u: torch.Tensor, v: torch.Tensor, zero_outside: bool) -> torch.Tensor:
+    """Bilinear samples of `plane` [S, S, C] at float32 positions (u, v) [N]: zero outside the crop (the mask) or
+    with the position clamped to it (the pixels), as the kernel."""
+    size = plane.shape[0]
+    if not zero_outside:
+        u, v = u.clamp(0.0, size - 1.0), v.clamp(0.0, size - 1.0)
+    u0, v0 = torch.floor(u), torch.floor(v)
+    fu, fv = u - u0, v - v0
+    iu, iv = u0.to(torch.int64), v0.to(torch.int64)
+    out = torch.zeros((u.shape[0], plane.shape[2]), dtype=torch.float32, device=plane.device)
+    for dy in (0, 1):
+        for dx in (0, 1):
+            ju, jv = iu + dx, iv + dy
+            ok = (ju >= 0) & (ju < size) & (jv >= 0) & (jv < size)
+            wgt = (fu if dx else 1.0 - fu) * (fv if dy else 1.0 - fv)
+            vals = plane[jv.clamp(0, size - 1), ju.clamp(0, size - 1)].float()
+            out += (wgt * ok)[:, None] * vals
+    return out
+
+
+def paste_union_torch(bg: torch.Tensor, crops: torch.Tensor, masks: torch.Tensor, coefs: torch.Tensor,
+                      rois: torch.Tensor, strength: float) -> torch.Tensor:
+    """The kernel's PyTorch twin: per face, the pixels of its rectangle sampled and blended where its mask wins."""
+    out = bg.float().clone()
+    base = bg.float()
+    best = torch.zeros(bg.shape[:2], dtype=torch.float32, device=bg.device)
+    rois_host, coefs_f = rois.tolist(), coefs.float()
+    for f, (x0, y0, x1, y1) in enumerate(rois_host):
+        if x1 <= x0 or y1 <= y0:
+            continue
+        ys, xs = torch.meshgrid(torch.arange(y0, y1, device=bg.device, dtype=torch.float32),
+                                torch.arange(x0, x1, device=bg.device, dtype=torch.float32), indexing="ij")
+        xs, ys = xs.reshape(-1), ys.reshape(-1)
+        c = coefs_f[f]
+        u = c[0] * xs + c[1] * ys + c[2]
+        v = c[3] * xs + c[4] * ys + c[5]
+        mask = masks[0 if masks.shape[0] == 1 else f][..., None]
+        m = _bilinear(mask, u, v, zero_outside=True)[:, 0] * strength
+        prev = best[y0:y1, x0:x1].reshape(-1)
+        win = m > prev
+        px = _bilinear(crops[f], u, v, zero_outside=False)
+        b = base[y0:y1, x0:x1].reshape(-1, 3)
+        blended = torch.floor(b + m[:, None] * (px - b) + 0.5).clamp(0.0, 255.0)
+        region = out[y0:y1, x0:x1].reshape(-1, 3)
+        out[y0:y1, x0:x1] = torch.where(win[:, None], blended, region).view(y1 - y0, x1 - x0, 3)
+        best[y0:y1, x0:x1] = torch.where(win, m, prev).view(y1 - y0, x1 - x0)
+    return out.to(torch.uint8)
 
 
 if triton is not None:

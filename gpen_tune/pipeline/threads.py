@@ -1,139 +1,51 @@
-"""Three-stage folder runner: CPU prepare workers -> one GPU batching stage -> CPU finish workers.
+"""The threaded scheduler: CPU prepare workers -> one GPU batching stage -> CPU finish workers.
 
     feeder ──in_q──> prepare x N ──ready_q──> GPU stage ──finish_q──> finish x M ──result_q──> caller
-     (decode, detect, align)      (faces of many images in      (paste back, encode,
-                                   bucket-sized batches)          atomic write)
+     (source items)  (decode, detect, align)   (faces of many images in    (paste back, and the sink's
+                                                bucket-sized batches)        write unless it is ordered)
 
 Why threads: cv2, numpy and torch release the GIL in their heavy calls, and one process keeps one copy of the
-models. Memory stays flat whatever the folder size: an image holds an in-flight slot from the moment its
-preparation starts until its result is posted, and there are at most `max_inflight` slots; every queue is
-bounded as well. Results come back in input order.
+models (the detector may run in a process of its own: gpen_tune.face.detect's "process" service). Memory stays
+flat whatever the source's length: an item holds an in-flight slot from the moment the feeder takes it until
+its result is posted, there are at most `max_inflight` slots, and every queue is bounded. An ordered sink (video)
+is written by the caller's thread in source order; the others by the finish workers.
 
-Failures are per image: an exception in any stage marks that image failed and the others go on. A
-KeyboardInterrupt (Ctrl-C in the main thread, or raised inside a stage) stops new work, lets the finish workers
-complete the file they are writing (writes are atomic: temp file + os.replace), drops the rest and returns a
-summary with `interrupted=True`.
+The GIL hand-over interval is lowered while the threads run (CPython's default is 5 ms): the threads that
+drive the GPU release the GIL at every host sync and cv2 call, and with 16+ Python threads each re-take waited
+up to the default interval, which made a GPU detector call of ~4 images last ~200 ms in a folder run (H200,
+benchmarks/results/20261130-194256) against ~12 ms per image alone.
 """
 
 from __future__ import annotations
 
-import os
 import queue
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
+import cv2
 
-from gpen_tune.throughput.batching import bucket_floor
-from gpen_tune.throughput.restorer import CropRestorer, PendingBatch
+from gpen_tune.pipeline.job import ImageJob
+from gpen_tune.pipeline.scheduler import (
+    RunSummary,
+    SchedulerConfig,
+    dropped,
+    finish_and_write,
+    new_job,
+    write_in_order,
+)
+from gpen_tune.pipeline.sinks import Sink
+from gpen_tune.pipeline.sources import Source, SourceItem
+from gpen_tune.pipeline.stages import Stages, one_line
 
 _DONE = object()      # a prepare worker has no more input
 _POLL_S = 0.05        # how often blocked threads look at the stop flag
 _BUSY_POLL_S = 0.001  # how often a partial batch checks whether the device has become free
-# GIL hand-over interval while the runner's threads work (CPython's default is 5 ms). The threads that drive the
-# GPU (detector, generator) release the GIL at every host sync and cv2 call; with 16+ Python threads each re-take
-# waited up to the default interval, which made a GPU detector call of ~4 images last ~200 ms in a folder run
-# (H200, 20261130-194256 throughput run) against ~12 ms per image alone.
 SWITCH_INTERVAL_S = 0.0002
-
-
-class Stages(Protocol):
-    """The per-image work the runner schedules; the serial path runs the same three calls in a loop."""
-
-    def prepare(self, index: int, path: Path) -> Any:
-        """Decode + detect + align: a job object holding the image and its aligned crops (thread-safe)."""
-
-    def crops(self, job: Any) -> Sequence[Any]:
-        """The job's aligned face crops, [S,S,3] uint8 RGB each (may be empty); device tensors when the stage cut
-        them on the restorer's device."""
-
-    def finish(self, job: Any, restored: list[np.ndarray], restored_device: list[Any] | None = None) -> Path | None:
-        """Paste back + encode + atomic write; returns the written path (thread-safe).
-
-        `restored` are host crops [S,S,3] uint8; `restored_device` the same crops on the device when the runner
-        was asked to keep them there (GPU paste-back), else None."""
-
-
-@dataclass(frozen=True)
-class RunnerConfig:
-    """Knobs of the folder runner; None picks a default from the machine."""
-
-    workers: int | None = None            # threads per CPU stage (finish; prepare too unless set below)
-    max_batch: int | None = None          # largest generator batch (rounded down to a CUDA-graph bucket)
-    max_wait_ms: float = 5.0              # how long a partial batch waits for more faces (device idle)
-    max_inflight: int | None = None       # images between "prepare started" and "result posted"
-    bucket_batches: bool = True           # batches are bucket sizes; False: take up to the limit (padded restorer)
-    detect_batch: int = 1                 # images a prepare worker takes at once (one batched detector call)
-    prepare_workers: int | None = None    # decode/detect/align threads (default: see `resolved`)
-
-    def resolved(self, device_type: str) -> tuple[int, int, int, int]:
-        """(workers, prepare_workers, max_batch, max_inflight) with the defaults filled in.
-
-        On CUDA the prepare threads mostly wait for the one detector thread (gpen_tune.throughput.detect_server),
-        and the number waiting is the detector's batch: 6x the finish threads (at most 48) keeps its batches
-        large (H200, 256 photos, preset speed: 12 / 24 / 48 threads -> 227 / 273 / 337 faces/s,
-        benchmarks/results/20261130-224513, -224448, -224536). Elsewhere one per finish thread."""
-        workers = self.workers or default_workers()
-        prepare = self.prepare_workers or (min(48, 6 * workers) if device_type == "cuda" else workers)
-        max_batch = self.max_batch or (32 if device_type == "cuda" else 4)
-        inflight = self.max_inflight or max(8, 2 * prepare + 2 * workers + 8)
-        return workers, prepare, bucket_floor(max_batch), inflight
-
-
-def default_workers(cpu_count: int | None = None) -> int:
-    """Half the cores per CPU stage (prepare and finish run at the same time), 1..8."""
-    cpus = cpu_count or os.cpu_count() or 1
-    return max(1, min(8, cpus // 2))
-
-
-@dataclass
-class ImageResult:
-    """What happened to one input, in input order."""
-
-    index: int
-    path: Path
-    status: str                 # "ok" | "failed" | "dropped" (not processed: the run was interrupted)
-    output: Path | None = None
-    faces: int = 0
-    error: str | None = None
-    job: Any = None             # the stage's job object when it got that far (reports, timings)
-
-
-@dataclass
-class RunSummary:
-    """Results in input order plus what each stage spent (for the benchmark's 'which stage limits')."""
-
-    results: list[ImageResult]
-    wall_s: float
-    interrupted: bool = False
-    stages: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> int:
-        return sum(r.status == "ok" for r in self.results)
-
-    @property
-    def failed(self) -> int:
-        return sum(r.status == "failed" for r in self.results)
-
-    @property
-    def dropped(self) -> int:
-        return sum(r.status == "dropped" for r in self.results)
-
-    @property
-    def faces(self) -> int:
-        return sum(r.faces for r in self.results if r.status == "ok")
-
-    def line(self) -> str:
-        text = (f"{self.ok} written, {self.failed} failed, {self.dropped} not processed; {self.faces} faces in "
-                f"{self.wall_s:.1f} s")
-        return text + (" (interrupted)" if self.interrupted else "")
 
 
 class _Counter:
@@ -164,64 +76,51 @@ class _Queue(queue.Queue):
 
 @dataclass
 class _JobState:
-    index: int
-    path: Path
-    job: Any
-    crops: Sequence[np.ndarray]
+    job: ImageJob
+    crops: list[Any]
     restored: list[Any]
     remaining: int
     restored_device: list[Any] | None = None
     failed: bool = False
 
 
-def run_pipeline(
-    paths: Sequence[str | Path],
-    stages: Stages,
-    restorer: CropRestorer,
-    config: RunnerConfig = RunnerConfig(),
-    on_result: Callable[[ImageResult], None] | None = None,
-    before_restore: Callable[[], None] | None = None,
-    restored_on_device: bool = False,
-) -> RunSummary:
-    """Restore every path through `stages` with faces batched across images; results in input order.
+def run_threaded(source: Source, stages: Stages, restorer: Any, sink: Sink, config: SchedulerConfig = SchedulerConfig(),
+                 on_result: Callable[[ImageJob], None] | None = None,
+                 on_faces: Callable[[int], None] | None = None,
+                 before_restore: Callable[[], None] | None = None) -> RunSummary:
+    """Every item of `source` through the threads; results in source order (see the module docstring).
 
-    Args:
-        paths: input files (their order is the order of the results).
-        stages: prepare / crops / finish of the face pipeline (see `Stages`).
-        restorer: the GPU stage (uint8 crops in, restored uint8 crops out); its `.limit` may drop on OOM.
-        config: workers, batch and queue bounds.
-        on_result: called in the calling thread for every image as its result arrives (progress bars).
-        before_restore: called before each generator batch (the lazy detector's release hook).
-        restored_on_device: hand `finish` the restored crops as device tensors ([S,S,3] uint8) for GPU paste.
-    """
-    run = _Run(list(map(Path, paths)), stages, restorer, config, before_restore, restored_on_device)
-    import cv2
-
+    `before_restore` is called before each generator batch (the lazy detector's release hook)."""
+    run = _Run(source, stages, restorer, sink, config, before_restore, on_faces)
     threads = cv2.getNumThreads()
     if run.workers > 1:
         cv2.setNumThreads(1)     # the workers are the parallelism: no per-call OpenCV thread pools on top
+    saved_interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(saved_interval, SWITCH_INTERVAL_S))
     try:
         return run.execute(on_result)
     finally:
+        sys.setswitchinterval(saved_interval)
         cv2.setNumThreads(threads)
 
 
 class _Run:
-    def __init__(self, paths, stages, restorer, config, before_restore, restored_on_device):
-        self.paths = paths
-        self.stages = stages
-        self.restorer = restorer
-        self.workers, self.prepare_workers, max_batch, self.max_inflight = config.resolved(restorer.device.type)
-        restorer.limit = min(restorer.limit, max_batch)
+    def __init__(self, source: Source, stages: Stages, restorer: Any, sink: Sink, config: SchedulerConfig,
+                 before_restore: Callable[[], None] | None, on_faces: Callable[[int], None] | None = None):
+        self.source, self.stages, self.restorer, self.sink = source, stages, restorer, sink
+        self.on_faces = on_faces
+        self.workers, self.prepare_workers, self.max_inflight = config.resolved(restorer.device.type)
         self.max_wait = config.max_wait_ms / 1000.0
         self.detect_batch = max(1, config.detect_batch)
-        self.take = bucket_floor if config.bucket_batches else (lambda n, limit: min(n, limit))
         self.before_restore = before_restore
-        self.on_device = restored_on_device
+        self.on_device = stages.device_paste_possible
         self.stop = threading.Event()
         self.interrupted = threading.Event()
         self.slots = threading.Semaphore(self.max_inflight)
         self.inflight = _Counter()
+        self.items: dict[int, SourceItem] = {}    # taken by the feeder, result not posted yet
+        self.total: int | None = None             # known once the feeder has exhausted the source
+        self._rest: Any = None                    # the feeder's iterator (what it never took, after a stop)
         self.in_q = _Queue(self.prepare_workers)
         self.ready_q = _Queue(self.max_inflight)
         self.finish_q = _Queue(2 * self.workers)
@@ -258,19 +157,16 @@ class _Run:
                 continue
         return None
 
-    def _post(self, result: ImageResult) -> None:
-        """Hand a finished image to the caller and free its in-flight slot."""
-        self.result_q.put(result)
+    def _post(self, job: ImageJob) -> None:
+        """Hand a finished job to the caller and free its in-flight slot."""
+        self.result_q.put(job)
         self.inflight.add(-1)
         self.slots.release()
 
-    def _fail(self, index: int, exc: BaseException) -> None:
-        """One line naming the file: the exception's own message when it already does (ImageReadError)."""
-        path = str(self.paths[index])
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        if path not in msg:
-            msg = f"{path}: {type(exc).__name__}" + (f": {msg}" if msg else "")
-        self._post(ImageResult(index, self.paths[index], "failed", error=msg))
+    def _fail(self, job: ImageJob, exc: BaseException) -> None:
+        job.fail(one_line(job.source, exc))
+        job.release()
+        self._post(job)
 
     def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
         """Thread body wrapper: an interrupt raised inside a stage stops the whole run cleanly."""
@@ -281,7 +177,7 @@ class _Run:
             except KeyboardInterrupt:
                 self.interrupted.set()
                 self.stop.set()
-            except BaseException:  # a bug in the runner itself: stop rather than hang
+            except BaseException:  # a bug in the scheduler itself: stop rather than hang
                 traceback.print_exc()
                 self.interrupted.set()
                 self.stop.set()
@@ -290,16 +186,23 @@ class _Run:
 
     # -- threads ------------------------------------------------------------------------------------------------
     def _feeder(self) -> None:
-        for index in range(len(self.paths)):
-            while not self.slots.acquire(timeout=_POLL_S):
+        count = 0
+        self._rest = iter(self.source)
+        try:
+            for item in self._rest:
+                while not self.slots.acquire(timeout=_POLL_S):
+                    if self.stop.is_set():
+                        return
                 if self.stop.is_set():
+                    self.slots.release()
                     return
-            if self.stop.is_set():
-                self.slots.release()
-                return
-            self.inflight.add(1)
-            if not self._put(self.in_q, index):
-                return
+                self.inflight.add(1)
+                self.items[count] = item
+                if not self._put(self.in_q, count):
+                    return
+                count += 1
+        finally:
+            self.total = count
         for _ in range(self.prepare_workers):
             if not self._put(self.in_q, None):
                 return
@@ -321,55 +224,47 @@ class _Run:
                         last = True
                         break
                     group.append(nxt)
-                t0 = time.perf_counter()
-                try:
-                    outcomes = self._prepare_group(group)
-                finally:
-                    self._add_time("prepare_s", time.perf_counter() - t0)
-                for i, job in zip(group, outcomes, strict=True):
-                    if isinstance(job, Exception):
-                        self._fail(i, job)
-                        continue
-                    try:
-                        crops = list(self.stages.crops(job))
-                    except Exception as exc:
-                        self._fail(i, exc)
-                        continue
-                    state = _JobState(i, self.paths[i], job, crops, [None] * len(crops), len(crops))
-                    if not self._put(self.ready_q, state):
-                        return
+                if not self._prepare_group(group):
+                    return
         finally:
             if not self.stop.is_set():
                 self._put(self.ready_q, _DONE)
 
-    def _prepare_group(self, group: list[int]) -> list[Any]:
-        """Jobs (or the exception of each failed image) for a group of indices; one detector call when possible."""
-        many = getattr(self.stages, "prepare_many", None)
-        if len(group) > 1 and many is not None:
+    def _prepare_group(self, group: list[int]) -> bool:
+        """Prepare a group with one detector call and queue each job for the GPU stage; False when stopping."""
+        jobs = [new_job(i, self.items[i]) for i in group]
+        t0 = time.perf_counter()
+        try:
+            self.stages.prepare(jobs, [self.items[i].load for i in group])
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:
+            for job in jobs:
+                self._fail(job, exc)
+            return True
+        finally:
+            self._add_time("prepare_s", time.perf_counter() - t0)
+        for job in jobs:
+            if job.status == "error":
+                job.release()
+                self._post(job)
+                continue
             try:
-                return list(many(group, [self.paths[i] for i in group]))
-            except KeyboardInterrupt:
-                raise
+                crops = self.stages.crops(job)
             except Exception as exc:
-                return [exc] * len(group)
-        out: list[Any] = []
-        for i in group:
-            try:
-                out.append(self.stages.prepare(i, self.paths[i]))
-            except KeyboardInterrupt:
-                raise
-            except Exception as exc:
-                out.append(exc)
-        return out
+                self._fail(job, exc)
+                continue
+            if not self._put(self.ready_q, _JobState(job, crops, [None] * len(crops), len(crops))):
+                return False
+        return True
 
     def _gpu_stage(self) -> None:
         pending: list[tuple[_JobState, int]] = []    # faces waiting for a batch, arrival order
-        inflight: tuple[PendingBatch, list[tuple[_JobState, int]]] | None = None
+        inflight: tuple[Any, list[tuple[_JobState, int]]] | None = None
         producers = self.prepare_workers
         deadline = 0.0
         t_start = time.perf_counter()
-        on_restored = getattr(self.stages, "restored", None)     # optional: per-face share of the batch time
-        needs_host = getattr(self.stages, "needs_host_restored", None) if self.on_device else None
+        needs_host = self.stages.needs_host_restored if self.on_device else None
 
         def complete() -> bool:
             nonlocal inflight
@@ -387,8 +282,7 @@ class _Run:
             dev = batch.device_out if self.on_device else None
             share = (time.perf_counter() - batch.submitted_at) / len(entries)
             for i, (state, k) in enumerate(entries):
-                if on_restored is not None:
-                    on_restored(state.job, share)
+                state.job.add_time("restore", share)
                 state.restored[k] = outs[i]
                 if dev is not None:
                     if state.restored_device is None:
@@ -398,6 +292,8 @@ class _Run:
                 if state.remaining == 0 and not state.failed:
                     if not self._to_finish(state):
                         return False
+            if self.on_faces is not None:
+                self.on_faces(len(entries))
             return True
 
         def launch(n: int) -> bool:
@@ -429,7 +325,7 @@ class _Run:
                 continue
             if producers == 0:
                 if pending:
-                    if not launch(self.take(len(pending), limit)):
+                    if not launch(self.restorer.take(len(pending))):
                         break
                     continue
                 complete()
@@ -449,7 +345,7 @@ class _Run:
                         # the device is still busy: a partial batch would only queue behind it, so keep filling
                         deadline = time.perf_counter() + _BUSY_POLL_S
                         continue
-                    if not launch(self.take(len(pending), limit)):   # waited long enough: run what is there
+                    if not launch(self.restorer.take(len(pending))):   # waited long enough: run what is there
                         break
                     deadline = time.perf_counter() + self.max_wait
                     continue
@@ -474,7 +370,7 @@ class _Run:
         for state, _ in entries:
             if not state.failed:
                 state.failed = True
-                self._fail(state.index, exc)
+                self._fail(state.job, exc)
 
     def _to_finish(self, state: _JobState) -> bool:
         t0 = time.perf_counter()
@@ -484,33 +380,26 @@ class _Run:
 
     def _finish_worker(self) -> None:
         while True:
-            # after a stop, finish what is already queued? no: drop it; only the file being written completes
+            # after a stop, what is queued is dropped; only the file being written completes
             state = self._get(self.finish_q)
             if state is None:
                 return
             t0 = time.perf_counter()
+            job = state.job
             try:
-                out = self.stages.finish(state.job, state.restored, state.restored_device)
+                finish_and_write(self.stages, self.sink, job, state.restored, state.restored_device)
             except KeyboardInterrupt:
-                self._post(ImageResult(state.index, state.path, "dropped", error="interrupted"))
+                job.status = "dropped"
+                self._post(job)
                 raise
-            except Exception as exc:
-                self._fail(state.index, exc)
-                continue
             finally:
                 self._add_time("finish_s", time.perf_counter() - t0)
-            self._post(ImageResult(state.index, state.path, "ok", output=out, faces=len(state.crops), job=state.job))
+            if not self.sink.ordered:
+                job.release()
+            self._post(job)
 
     # -- driver -------------------------------------------------------------------------------------------------
-    def execute(self, on_result: Callable[[ImageResult], None] | None) -> RunSummary:
-        saved_interval = sys.getswitchinterval()
-        sys.setswitchinterval(min(saved_interval, SWITCH_INTERVAL_S))
-        try:
-            return self._execute(on_result)
-        finally:
-            sys.setswitchinterval(saved_interval)
-
-    def _execute(self, on_result: Callable[[ImageResult], None] | None) -> RunSummary:
+    def execute(self, on_result: Callable[[ImageJob], None] | None) -> RunSummary:
         t0 = time.perf_counter()
         threads = [threading.Thread(target=self._guard(self._feeder), name="gpen-feed", daemon=True)]
         threads += [threading.Thread(target=self._guard(self._prepare_worker), name=f"gpen-prep{i}", daemon=True)
@@ -520,18 +409,24 @@ class _Run:
                     for i in range(self.workers)]
         for th in threads:
             th.start()
-        results: dict[int, ImageResult] = {}
+        results: dict[int, ImageJob] = {}
+        next_write = 0                                  # ordered sinks: the next index to write
         try:
-            while len(results) < len(self.paths):
+            while self.total is None or len(results) < self.total:
                 try:
-                    r = self.result_q.get(timeout=_POLL_S)
+                    job = self.result_q.get(timeout=_POLL_S)
                 except queue.Empty:
                     if self.stop.is_set():
                         break
                     continue
-                results[r.index] = r
+                results[job.index] = job
+                self.items.pop(job.index, None)
+                if self.sink.ordered:
+                    while next_write in results:
+                        write_in_order(self.sink, results[next_write])
+                        next_write += 1
                 if on_result is not None:
-                    on_result(r)
+                    on_result(job)
         except KeyboardInterrupt:
             self.interrupted.set()
         finally:
@@ -539,22 +434,27 @@ class _Run:
                 self.stop.set()
             self._join(threads)
         while not self.result_q.empty():         # files completed while the threads wound down
-            r = self.result_q.get()
-            results.setdefault(r.index, r)
-        ordered = [results.get(i) or ImageResult(i, p, "dropped", error="interrupted")
-                   for i, p in enumerate(self.paths)]
-        stages = dict(self.t)
+            job = self.result_q.get()
+            results.setdefault(job.index, job)
+        total = self.total if self.total is not None else max(results, default=-1) + 1
+        ordered = [results.get(i) or dropped(i, self.items[i]) for i in range(total)]
+        if self.interrupted.is_set() and self._rest is not None and hasattr(self.source, "__len__"):
+            ordered += [dropped(i, item) for i, item in enumerate(self._rest, start=total)]   # never taken
+        return RunSummary(ordered, time.perf_counter() - t0, self.interrupted.is_set(), self._stats())
+
+    def _stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = dict(self.t)
         times = self.restorer.times
-        stages.update(
-            workers=self.workers, prepare_workers=self.prepare_workers, max_inflight=self.max_inflight,
-            peak_inflight=self.inflight.peak,
+        stats.update(
+            mode="threaded", workers=self.workers, prepare_workers=self.prepare_workers,
+            max_inflight=self.max_inflight, peak_inflight=self.inflight.peak,
             queue_peaks={"in": self.in_q.peak, "ready": self.ready_q.peak, "finish": self.finish_q.peak},
             queue_bounds={"in": self.in_q.maxsize, "ready": self.ready_q.maxsize, "finish": self.finish_q.maxsize},
             batch_limit=self.restorer.limit, batches=times.batches, faces=times.faces,
             batch_sizes=dict(sorted(times.batch_sizes.items())), oom_splits=times.oom_splits,
             generator_s=times.generator_s, upload_s=times.upload_s, download_wait_s=times.download_wait_s,
         )
-        return RunSummary(ordered, time.perf_counter() - t0, self.interrupted.is_set(), stages)
+        return stats
 
     def _join(self, threads: list[threading.Thread]) -> None:
         """Wait for every thread; a second Ctrl-C while finish workers complete their file is ignored once."""

@@ -1,0 +1,38 @@
+"""The face restoration pipeline, one straight line:
+
+    source ──> decode ──> detect ──> align ──> restore ──> paste ──> sink (encode)
+               imageio    face.detect face.align restore.   face.paste  sinks.FileSink
+                                                 Restorer   face.parse
+
+* `sources` / `sinks`: what is read and where results go (photo files, arrays; a video reader or a Ray batch is
+  a new Source, a video encoder a new Sink with `ordered = True`).
+* `stages.Stages`: the per-image steps, each calling the one home of its work; no scheduling.
+* `scheduler.run_serial` (the stages inline) and `threads.run_threaded` (prepare workers -> one GPU stage that
+  batches faces across images -> finish workers): scheduling only.
+* `api.Pipeline`: builds the restorer (generator + TuneConfig switches), the detector service and the parser
+  once; `api.enhance` (many inputs to a folder) and `api.enhance_image` (one image in memory) are the entry
+  points; `outputs` plans every output path before any work; `report` writes the summary.
+
+To plug in a new input or output, write a Source (iterable of `SourceItem(name, stem, load)`) or a Sink
+(`write(job)`, `ordered`) and call `Pipeline.run(source, sink)`; a new executor (several GPUs, a cluster) runs
+`Pipeline.run` per worker on a share of the source.
+"""
+
+from __future__ import annotations
+
+_LAZY = {
+    "Pipeline": "api", "enhance": "api", "enhance_image": "api", "EnhanceResult": "api",
+    "EnhanceSettings": "settings", "SchedulerConfig": "scheduler", "RunSummary": "scheduler",
+    "FileSource": "sources", "ArraySource": "sources", "SourceItem": "sources",
+    "FileSink": "sinks", "MemorySink": "sinks", "OutputNaming": "outputs", "ImageJob": "job",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"gpen_tune.pipeline.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'gpen_tune.pipeline' has no attribute {name!r}")

@@ -1,0 +1,254 @@
+"""`Pipeline`: the built pipeline (restorer, detector, parser) and the two entry points users call.
+
+    import gpen_tune
+    restored = gpen_tune.enhance_image("photo.jpg", device="cuda")                      # one image in memory
+    result = gpen_tune.enhance(["albums/"], "restored/", tune=gpen_tune.preset("speed"))  # many inputs to disk
+
+A `Pipeline` is reusable: build it once (the generator, its switches, the detector) and `run` sources into
+sinks; `close()` releases the detector process and the parser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpen_tune.face.detect import default_notify, init_detector
+from gpen_tune.imageio import ImageReadError, Picture
+from gpen_tune.pipeline.job import ImageJob
+from gpen_tune.pipeline.outputs import OutputNaming, check_output_dir, collect_inputs, plan_outputs
+from gpen_tune.pipeline.scheduler import RunSummary, SchedulerConfig, run_serial
+from gpen_tune.pipeline.settings import EnhanceSettings, resolve_device, resolve_weights
+from gpen_tune.pipeline.sinks import FileSink, MemorySink, Sink
+from gpen_tune.pipeline.sources import ArraySource, FileSource, Source
+from gpen_tune.pipeline.stages import Stages
+from gpen_tune.pipeline.threads import run_threaded
+from gpen_tune.restore import Restorer, build_restorer, default_batch_size
+from gpen_tune.tune.options import TuneConfig
+
+
+class Pipeline:
+    """Settings + TuneConfig -> the generator behind its switches, the detector and the parser, ready to run.
+
+    Args:
+        settings: the pipeline's choices (EnhanceSettings).
+        tune: the generator's switches (TuneConfig; None = all off but face_crop).
+        model: a loaded generator to use instead of loading `settings.weights`.
+        restorer: a built Restorer (tests, benchmarks); wins over `model` and `tune`.
+        detector: a face detector to use instead of building one from settings (the caller closes it).
+        paste_impl: the device crop/paste kernels' implementation ("auto" | "triton" | "torch").
+        cut_on_device: cut the faces of device-pasted images on the device.
+        notify: where one-line notices go (the CLI prints them on stderr).
+    """
+
+    def __init__(self, settings: EnhanceSettings | None = None, tune: TuneConfig | None = None, *,
+                 model: torch.nn.Module | None = None, restorer: Restorer | None = None, detector: Any = None,
+                 paste_impl: str = "auto", cut_on_device: bool = True,
+                 notify: Callable[[str], None] = default_notify):
+        self.settings = settings or EnhanceSettings()
+        self.tune = tune or TuneConfig()
+        self.notify = notify
+        self.paste_impl = paste_impl
+        self.cut_on_device = cut_on_device
+        if restorer is None:
+            device = (next(model.parameters()).device if model is not None
+                      else resolve_device(self.settings.device, notify))
+            if model is None:
+                from gpen_tune.load import load_model
+
+                model = load_model(resolve_weights(self.settings, notify), model=self.settings.model, device=device)
+            batch = self.settings.batch_size or default_batch_size(device)
+            restorer = build_restorer(model, self.tune, device=device, max_batch=batch)
+            for msg in restorer.fallbacks:
+                notify(msg)
+        self.restorer = restorer
+        self.device = restorer.device
+        self.size = restorer.size
+        self.weights_source = getattr(getattr(restorer, "model", None), "weights_source", None)
+        self._given_detector = detector
+        self._detectors: dict[str, Any] = {}
+        self._parser = None
+
+    # -- parts built on first use ------------------------------------------------------------------------------
+    def detector(self, service: str = "inline") -> Any:
+        """The face detector for a run mode: "inline" (serial), "thread" or "process" (threaded runs)."""
+        if self._given_detector is not None:
+            return self._given_detector
+        if service not in self._detectors:
+            s = self.settings
+            self._detectors[service] = init_detector(
+                s.detector, device=self.device, weights=s.detector_weights, threshold=s.det_threshold,
+                det_size=s.det_size, notify=self.notify, service=service, lazy=self.tune.lazy_detector)
+        return self._detectors[service]
+
+    @property
+    def parser(self) -> Any:
+        if self._parser is None:
+            from gpen_tune.face.parse import FaceParser
+
+            self._parser = FaceParser(self.device, self.settings.parse_weights)
+        return self._parser
+
+    def stages(self, service: str = "inline", save_faces: bool = False) -> Stages:
+        s = self.settings
+        detector = None if s.aligned else self.detector(service)
+        parser = self.parser if s.parse_mask and not s.aligned and s.strength > 0 else None
+        return Stages(s, self.size, self.device, detector, parser, face_crop=self.tune.face_crop,
+                      cut_on_device=self.cut_on_device, paste_impl=self.paste_impl, save_faces=save_faces,
+                      notify=self.notify)
+
+    def prepare(self) -> str | None:
+        """Build the detector and the parser now, so a missing weights file fails before any image; returns the
+        detector's name (None for aligned inputs)."""
+        if self.settings.aligned:
+            return None
+        if self.settings.parse_mask and self.settings.strength > 0:
+            _ = self.parser
+        return self.detector("inline").name
+
+    # -- running -----------------------------------------------------------------------------------------------
+    def run(self, source: Source, sink: Sink, *, serial: bool = False,
+            config: SchedulerConfig = SchedulerConfig(), on_result: Callable[[ImageJob], None] | None = None,
+            on_faces: Callable[[int], None] | None = None, save_faces: bool = False) -> RunSummary:
+        """Every item of `source` into `sink`: the serial path inline, else the threaded scheduler.
+
+        `on_result(job)` is called per finished image, `on_faces(n)` as each batch of n faces is restored (both in
+        the calling thread for the serial path; `on_faces` from the GPU stage's thread when threaded)."""
+        release = self._release_hook()
+        if serial:
+            stages = self.stages("inline", save_faces)
+            return run_serial(source, stages, self.restorer, sink, batch_size=self.settings.batch_size,
+                              on_result=on_result, on_faces=on_faces, before_restore=release)
+        if self.settings.detector_process and self.tune.lazy_detector:
+            raise ValueError("--detector-process runs the detector in its own process, which --lazy-detector "
+                             "cannot release: choose one")
+        stages = self.stages("process" if self.settings.detector_process else "thread", save_faces)
+        return run_threaded(source, stages, self.restorer, sink, config, on_result=on_result, on_faces=on_faces,
+                            before_restore=release)
+
+    def _release_hook(self) -> Callable[[], None] | None:
+        """The lazy detector's release before generator batches (None when the detector is not lazy)."""
+        if not self.tune.lazy_detector or self.settings.aligned:
+            return None
+        return lambda: [d.before_restore() for d in self._detectors.values()]
+
+    def enhance_image(self, image: str | Path | np.ndarray | Picture) -> np.ndarray:
+        """Restore every face of one image; the result as an array (gray, RGB or RGBA, as the input)."""
+        source = FileSource([image]) if isinstance(image, str | Path) else ArraySource([image])
+        sink = MemorySink()
+        summary = self.run(source, sink, serial=True)
+        job = summary.results[0]
+        if job.status == "error":
+            raise ImageReadError(job.error)
+        return sink.results[0]
+
+    def close(self) -> None:
+        for part in (*self._detectors.values(), self._parser):
+            if part is not None and hasattr(part, "close"):
+                part.close()
+        self._detectors.clear()
+        self._parser = None
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class EnhanceResult:
+    """What `enhance` did: the run's jobs (source order), plus what never entered it."""
+
+    summary: RunSummary
+    missing: list[str]                   # names on the command line that gave nothing (one line each)
+    passed_over: list[str]               # folder entries that were not inputs, with the reason
+    refused: list[ImageJob]              # existing outputs not replaced (no --overwrite)
+    skipped: list[ImageJob]              # existing outputs kept (--skip-existing)
+
+    @property
+    def jobs(self) -> list[ImageJob]:
+        return sorted(self.summary.results + self.refused + self.skipped, key=lambda j: j.index)
+
+    @property
+    def failed(self) -> int:
+        return self.summary.failed + len(self.refused) + len(self.missing)
+
+    @property
+    def exit_code(self) -> int:
+        if self.summary.interrupted:
+            return 130
+        return 1 if self.failed else 0
+
+
+def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, settings: EnhanceSettings | None = None,
+            tune: TuneConfig | None = None, *, pipeline: Pipeline | None = None, recursive: bool = False,
+            ext: str | None = None, suffix: str = "", name_pattern: str = "{name}{suffix}.{ext}",
+            existing: str = "refuse", save_faces: bool = False, save_comparison: bool = False,
+            serial: bool | None = None, config: SchedulerConfig = SchedulerConfig(),
+            on_result: Callable[[ImageJob], None] | None = None, on_faces: Callable[[int], None] | None = None,
+            on_start: Callable[[int], None] | None = None,
+            notify: Callable[[str], None] = default_notify) -> EnhanceResult:
+    """Restore every face of every image named by `inputs` (files, folders, globs) into `outdir`.
+
+    Outputs are planned before any work (two inputs on one output, or an output onto an input, raise
+    `OutputError`); an existing output is refused, replaced or kept by `existing` ("refuse" | "overwrite" |
+    "skip"). Several inputs take the threaded scheduler, one input (or `serial=True`) the serial path.
+    `on_start(n)` is told how many images will run, before the first.
+    """
+    names = [inputs] if isinstance(inputs, str | Path) else list(inputs)
+    found = collect_inputs([str(n) for n in names], recursive)
+    outdir = Path(outdir)
+    naming = OutputNaming(outdir, ext=ext, suffix=suffix, pattern=name_pattern)
+    check_output_dir(outdir)
+    plan = plan_outputs(found.files, naming, existing)
+    refused = [_job_for(i, found.files[i], "error", msg) for i, msg in plan.refused.items()]
+    skipped = [_job_for(i, found.files[i], "skipped", msg) for i, msg in plan.skipped.items()]
+    todo = [found.files[i] for i in plan.run]
+    index_of = list(plan.run)
+    if on_start is not None:
+        on_start(len(todo))
+    own = pipeline is None
+    pipe = pipeline or Pipeline(settings, tune, notify=notify)
+    try:
+        source = FileSource([p for p, _ in todo], [s for _, s in todo])
+        sink = FileSink(naming, save_faces, save_comparison)
+        summary = pipe.run(source, sink, serial=len(todo) <= 1 if serial is None else serial, config=config,
+                           on_result=on_result, on_faces=on_faces, save_faces=save_faces)
+    finally:
+        if own:
+            pipe.close()
+    for job in summary.results:                          # back to the numbering of all inputs
+        job.index = index_of[job.index]
+    return EnhanceResult(summary, found.missing, found.passed_over, refused, skipped)
+
+
+def _job_for(index: int, file: tuple[Path, str], status: str, message: str) -> ImageJob:
+    job = ImageJob(source=str(file[0]), index=index, stem=file[1])
+    job.status, job.error = status, message
+    return job
+
+
+def enhance_image(image: str | Path | np.ndarray, settings: EnhanceSettings | None = None, *,
+                  tune: TuneConfig | None = None, pipeline: Pipeline | None = None, **overrides: Any) -> np.ndarray:
+    """Restore every face of one image; returns the result as an array (gray, RGB or RGBA, as the input).
+
+    Example: `gpen_tune.enhance_image("photo.jpg", weights="GPEN-BFR-512", device="cuda")`; keyword overrides
+    are EnhanceSettings fields."""
+    if settings is None:
+        settings = EnhanceSettings(**overrides)
+    elif overrides:
+        settings = replace(settings, **overrides)
+    if pipeline is not None:
+        return pipeline.enhance_image(image)
+    with Pipeline(settings, tune) as pipe:
+        return pipe.enhance_image(image)
+
+
+def settings_dict(settings: EnhanceSettings) -> dict[str, Any]:
+    return asdict(settings)

@@ -1,0 +1,69 @@
+"""What flows through the pipeline: one `ImageJob` per input (a photo or a video frame), its `FaceCrop`s."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpen_tune.face.detect import Detection
+from gpen_tune.imageio import Picture
+
+STAGES = ("decode", "detect", "align", "restore", "paste", "encode")
+
+
+@dataclass
+class FaceCrop:
+    crop: np.ndarray | None              # [S, S, 3] uint8 RGB on the host (None when cut on the device)
+    affine: np.ndarray                   # 2x3 image -> crop
+    inverse: np.ndarray                  # 2x3 crop -> image
+    detection: Detection | None          # None for --aligned inputs
+    restored: np.ndarray | None = None   # [S, S, 3] uint8 RGB after the restore step (host)
+
+
+@dataclass
+class ImageJob:
+    """One input through decode -> detect -> align -> restore -> paste -> encode; errors stay on the job."""
+
+    source: str                          # the input's name for messages and reports (a path, or "<array>")
+    index: int = 0                       # position in its source (results come back in this order)
+    stem: str = ""                       # output name stem (sub-folders kept: "sub/name")
+    picture: Picture | None = None
+    faces: list[FaceCrop] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    status: str = "pending"              # pending | ok | no_face | error | skipped
+    error: str | None = None
+    result: Picture | None = None
+    output: Path | None = None
+    size: tuple[int, int] | None = None  # (width, height) once decoded
+    image_device: Any = None             # [H, W, 3] uint8 on the device when the faces were cut there
+    crops_device: Any = None             # [F, S, S, 3] uint8 on the device: the faces cut there
+    nonfinite_faces: int = 0             # faces the generator returned non-finite for (left as the input)
+
+    def add_time(self, stage: str, seconds: float) -> None:
+        self.timings[stage] = self.timings.get(stage, 0.0) + seconds
+
+    def fail(self, message: str) -> None:
+        self.status, self.error = "error", message
+
+    def release(self) -> None:
+        """Free the pixels once written; the report keeps the rest."""
+        self.picture = self.result = None
+        self.image_device = self.crops_device = None
+        for face in self.faces:
+            face.crop = face.restored = None
+
+    def report(self) -> dict:
+        return {
+            "input": self.source,
+            "output": None if self.output is None else str(self.output),
+            "status": self.status,
+            "error": self.error,
+            "size": None if self.size is None else list(self.size),
+            "faces": [f.detection.to_dict() for f in self.faces if f.detection is not None],
+            "n_faces": len(self.faces),
+            "nonfinite_faces": self.nonfinite_faces,
+            "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
+        }

@@ -1,0 +1,106 @@
+"""`EnhanceSettings`: every choice of the face pipeline, each default written once, and the device/weights rules.
+
+The generator's optimization switches are not here: they are `gpen_tune.tune.options.TuneConfig` (one owner per
+setting); the two meet in `gpen_tune.pipeline.api.Pipeline`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from gpen_tune.face.detect import DEFAULT_DET_SIZE, DETECTOR_NAMES, default_notify
+from gpen_tune.model.configs import model_info
+from gpen_tune.weights.cache import cached_file
+
+DEVICES = ("auto", "cuda", "cpu", "mps")
+TEMPLATES = ("gpen", "ffhq")
+PASTE_MODES = ("auto", "cpu", "gpu")
+DEFAULT_MODEL = "GPEN-BFR-512"
+
+
+@dataclass
+class EnhanceSettings:
+    """What a user chooses for `gpen-tune enhance` and `gpen_tune.enhance*` (tune switches: TuneConfig)."""
+
+    model: str = DEFAULT_MODEL           # registry name: fixes the architecture and the crop size
+    weights: str | None = None           # path | registry name | "synthetic"; None = cached file, else synthetic
+    template: str = "gpen"               # "gpen" (upstream) or "ffhq" (GFPGAN / facefusion)
+    detector: str = "auto"
+    detector_weights: str | None = None  # RetinaFace file or URL
+    det_size: int | None = DEFAULT_DET_SIZE   # long side for detection; None = native resolution
+    det_threshold: float | None = None   # None = 0.9
+    strength: float = 1.0                # 0 = input unchanged, 1 = fully restored
+    only_center_face: bool = False
+    aligned: bool = False                # inputs are already aligned face crops
+    parse_mask: bool = False             # ParseNet mask instead of the feathered square
+    parse_weights: str | None = None
+    batch_size: int | None = None        # faces per generator call, across images; None = the restorer's default
+    device: str = "auto"
+    soften_small_faces: bool = True      # upstream's 3x3 softening of faces with a box under 100 px
+    paste: str = "auto"                  # "auto" | "cpu" | "gpu": where faces are pasted back (GPU: CUDA, 8-bit)
+    detector_process: bool = False       # pipelined runs: the detector in a process of its own (its own GIL)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.strength <= 1.0:
+            raise ValueError(f"strength must be in [0, 1], got {self.strength}")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.device not in DEVICES and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.template not in TEMPLATES:
+            raise ValueError(f"template must be 'gpen' or 'ffhq', got {self.template!r}")
+        if self.detector not in DETECTOR_NAMES:
+            raise ValueError(f"unknown detector {self.detector!r}; choose one of: {', '.join(DETECTOR_NAMES)}")
+        if self.paste not in PASTE_MODES:
+            raise ValueError(f"paste must be one of {', '.join(PASTE_MODES)}, got {self.paste!r}")
+        if self.det_size is not None and self.det_size < 1:
+            raise ValueError(f"det_size must be >= 1 or None (native size), got {self.det_size}")
+        model_info(self.model)           # an unknown model name fails here, before anything is printed or built
+
+
+def resolve_device(name: str = "auto", notify: Callable[[str], None] = default_notify) -> torch.device:
+    """auto: cuda > mps > cpu, with a loud notice on the CPU; explicit choices are checked."""
+    mps = getattr(torch.backends, "mps", None)
+    has_mps = bool(mps and mps.is_available())
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if has_mps:
+            return torch.device("mps")
+        notify("NO GPU FOUND: running on the CPU, expect seconds per face (GPEN-BFR-512). "
+               "Pass --device cpu to silence this, or check `gpen-tune doctor`.")
+        return torch.device("cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: no CUDA GPU is visible to PyTorch (check the driver / "
+                         "CUDA_VISIBLE_DEVICES)")
+    if name == "mps" and not has_mps:
+        raise ValueError("--device mps: Apple MPS is not available on this machine")
+    return torch.device(name)
+
+
+def resolve_weights(settings: EnhanceSettings, notify: Callable[[str], None] = default_notify) -> str:
+    """The weights argument for load_model: as given, else the cached registry file, else synthetic (loudly)."""
+    if settings.weights:
+        if settings.weights == "synthetic":
+            synthetic_notice(settings.model, notify)
+        return settings.weights
+    if cached_file(model_info(settings.model).filename).is_file():
+        return settings.model
+    synthetic_notice(settings.model, notify)
+    return "synthetic"
+
+
+def synthetic_notice(model: str, notify: Callable[[str], None]) -> None:
+    notify(f"SYNTHETIC WEIGHTS: the output is NOT a real restoration (random {model} network). "
+           f"Run `gpen-tune weights download {model}` or pass --weights PATH.")
+
+
+def detection_size(given: int | None, face_crop: bool) -> int | None:
+    """The detection copy's long side: as given (0 = native), else DEFAULT_DET_SIZE with face_crop and the native
+    size without it (the upstream-like comparison detects on the whole image)."""
+    if given is not None:
+        return given or None
+    return DEFAULT_DET_SIZE if face_crop else None

@@ -1,0 +1,260 @@
+"""The per-image steps of the pipeline, each calling the one home of its work:
+
+    decode  gpen_tune.imageio.read_image (photos) or a source's frames
+    detect  gpen_tune.face.detect (a detector service shared by the scheduler's threads)
+    align   gpen_tune.face.align (template, similarity; crops cut on the host or on the device)
+    restore gpen_tune.restore.Restorer (called by the scheduler, which batches faces across images)
+    paste   gpen_tune.face.paste (host or device), gpen_tune.face.parse (optional mask)
+    encode  a sink (gpen_tune.pipeline.sinks)
+
+`Stages` holds no scheduling: the scheduler (gpen_tune.pipeline.scheduler) calls `prepare` / `crops` /
+`finish` from its threads, or inline for the serial path; every method is safe to call from several threads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+
+from gpen_tune.face.align import alignment, cut_faces, cut_faces_device
+from gpen_tune.face.detect import Detection, default_notify
+from gpen_tune.face.paste import (
+    DeviceFace,
+    PasteFace,
+    face_mask,
+    is_small_face,
+    paste_faces,
+    paste_faces_device,
+    paste_faces_full_frame,
+    soften,
+)
+from gpen_tune.imageio import ImageReadError, Picture, picture_from_array, read_image
+from gpen_tune.ops import paste as paste_op
+from gpen_tune.ops import warp_crop
+from gpen_tune.ops.transfer import thread_stream
+from gpen_tune.pipeline.job import FaceCrop, ImageJob
+from gpen_tune.pipeline.settings import EnhanceSettings
+
+# auto paste without the one-kernel paste: on the GPU from about 1920x1080 up (smaller frames paste fast on the
+# CPU; the PyTorch twin's per-face calls cost more than the host paste below that)
+GPU_PASTE_MIN_PIXELS = 2_000_000
+
+
+def center_face(detections: list[Detection], width: int, height: int) -> list[Detection]:
+    """The face whose box centre is closest to the image centre (as facexlib's only_center_face)."""
+    if len(detections) <= 1:
+        return detections
+    c = np.array([width / 2, height / 2])
+    dist = [np.linalg.norm((d.box[:2] + d.box[2:]) / 2 - c) for d in detections]
+    return [detections[int(np.argmin(dist))]]
+
+
+class Stages:
+    """decode + detect + align (`prepare`), the crops for the restorer (`crops`), paste (`finish`).
+
+    Args:
+        settings: the pipeline's choices.
+        size: the generator's crop size.
+        device: where the generator runs (device crops and the device paste use it).
+        detector: a face detector (`gpen_tune.face.detect`), None for aligned inputs.
+        parser: a FaceParser when settings.parse_mask, else None.
+        face_crop: False = the upstream-like full-frame paste (comparison only).
+        cut_on_device: cut the faces of device-pasted images on the device (one upload serves crop and paste).
+        paste_impl: implementation of the device paste / crop kernels ("auto" | "triton" | "torch").
+        save_faces: the sink writes host crops beside their restorations, so crops stay on the host.
+    """
+
+    def __init__(self, settings: EnhanceSettings, size: int, device: torch.device, detector: Any = None,
+                 parser: Any = None, *, face_crop: bool = True, cut_on_device: bool = True,
+                 paste_impl: str = "auto", save_faces: bool = False,
+                 notify: Callable[[str], None] = default_notify):
+        self.settings = settings
+        self.size = size
+        self.device = device
+        self.detector = detector
+        self.parser = parser
+        self.face_crop = face_crop
+        self.paste_impl = paste_impl
+        self.save_faces = save_faces
+        self.notify = notify
+        self.one_kernel_paste = self.device_paste_possible and (
+            paste_impl == "triton" or (paste_impl == "auto" and paste_op.available(device)))
+        self.cut_on_device = (cut_on_device and self.device_paste_possible and not save_faces
+                              and (paste_impl != "auto" or warp_crop.available(device)))
+        if self.one_kernel_paste:
+            paste_op.warm_up(device)             # compile the kernels before the workers need them
+        if self.cut_on_device:
+            warp_crop.warm_up(device)
+
+    @property
+    def restoring(self) -> bool:
+        return self.settings.strength > 0
+
+    @property
+    def device_paste_possible(self) -> bool:
+        """Whether any image can take the device paste (the scheduler then keeps restored crops there)."""
+        s = self.settings
+        return (s.paste != "cpu" and self.device.type == "cuda" and self.face_crop and not s.aligned
+                and not s.parse_mask and self.restoring)
+
+    def uses_device_paste(self, job: ImageJob) -> bool:
+        if not self.device_paste_possible or not job.faces or job.picture is None or job.picture.bits != 8:
+            return False
+        w, h = job.picture.size
+        return self.settings.paste == "gpu" or self.one_kernel_paste or w * h >= GPU_PASTE_MIN_PIXELS
+
+    # -- decode, detect, align ---------------------------------------------------------------------------------
+    def prepare(self, jobs: Sequence[ImageJob], loaders: Sequence[Callable[[], Picture | np.ndarray | str]]
+                ) -> list[ImageJob]:
+        """Decode every job (through its loader), detect faces in all of them with one detector call, align and
+        cut. A failure stays on its job (status "error", one line naming the input)."""
+        for job, load in zip(jobs, loaders, strict=True):
+            t = time.perf_counter()
+            try:
+                job.picture = as_picture(load())
+                job.size = job.picture.size
+            except (ImageReadError, ValueError, OSError) as e:
+                job.fail(one_line(job.source, e))
+            job.add_time("decode", time.perf_counter() - t)
+        live = [j for j in jobs if j.status != "error"]
+        if self.settings.aligned:
+            for job in live:
+                self._align_whole(job)
+            return list(jobs)
+        if live:
+            t = time.perf_counter()
+            found = self.detector.detect([j.picture.rgb8() for j in live])
+            share = (time.perf_counter() - t) / len(live)
+            for job, dets in zip(live, found, strict=True):
+                job.add_time("detect", share)
+                self.align(job, dets)
+        return list(jobs)
+
+    def align(self, job: ImageJob, dets: list[Detection]) -> None:
+        """Faces of `dets` aligned to the template, then cut (host or device)."""
+        t = time.perf_counter()
+        if self.settings.only_center_face:
+            dets = center_face(dets, *job.picture.size)
+        for det in dets:
+            affine, inverse = alignment(det.landmarks, self.size, self.settings.template)
+            job.faces.append(FaceCrop(None, affine, inverse, det))
+        job.add_time("align", time.perf_counter() - t)
+        self._cut(job)
+
+    def _cut(self, job: ImageJob) -> None:
+        """On the device for images the device will paste (the upload serves both), else on the host."""
+        if not job.faces or not self.restoring:
+            return
+        t = time.perf_counter()
+        affines = [f.affine for f in job.faces]
+        if self.cut_on_device and self.uses_device_paste(job):
+            stream = thread_stream(self.device)
+            with torch.cuda.stream(stream):
+                # a pageable copy: through page-locked staging measured slower (569 vs 616 / 628 faces/s,
+                # benchmarks/results/20261201-075538)
+                job.image_device = torch.from_numpy(np.ascontiguousarray(job.picture.rgb)).to(self.device,
+                                                                                              non_blocking=True)
+                job.crops_device = cut_faces_device(job.image_device, affines, self.size, impl=self.paste_impl)
+            stream.synchronize()          # the restorer reads the crops on its own stream
+        else:
+            for face, crop in zip(job.faces, cut_faces(job.picture.rgb8(), affines, self.size), strict=True):
+                face.crop = crop
+        job.add_time("align", time.perf_counter() - t)
+
+    def _align_whole(self, job: ImageJob) -> None:
+        """--aligned: the whole image is the face crop (resized to the model size)."""
+        t = time.perf_counter()
+        w, h = job.picture.size
+        affine = np.array([[self.size / w, 0, 0], [0, self.size / h, 0]], dtype=np.float64)
+        inverse = np.array([[w / self.size, 0, 0], [0, h / self.size, 0]], dtype=np.float64)
+        interp = cv2.INTER_AREA if max(w, h) > self.size else cv2.INTER_LINEAR
+        crop = cv2.resize(job.picture.rgb8(), (self.size, self.size), interpolation=interp)
+        job.faces.append(FaceCrop(crop, affine, inverse, None))
+        job.add_time("align", time.perf_counter() - t)
+
+    # -- restore (the scheduler batches) -----------------------------------------------------------------------
+    def crops(self, job: ImageJob) -> list[Any]:
+        """The job's crops for the restorer: host [S,S,3] uint8, or device tensors when cut there."""
+        if not self.restoring:
+            return []
+        if job.crops_device is not None:
+            return list(job.crops_device.unbind(0))
+        return [f.crop for f in job.faces]
+
+    def needs_host_restored(self, job: ImageJob) -> bool:
+        """Whether `finish` reads the restored crops on the host; the scheduler skips their download when no
+        image of a batch does."""
+        return job.image_device is None or self.save_faces
+
+    # -- paste -------------------------------------------------------------------------------------------------
+    def finish(self, job: ImageJob, restored: Sequence[np.ndarray | None],
+               restored_device: Sequence[Any] | None = None) -> Picture:
+        """Paste the restored faces back; the result is stored on the job (and returned)."""
+        for face, crop in zip(job.faces, restored, strict=False):   # empty when strength is 0
+            face.restored = crop
+        t = time.perf_counter()
+        pic, s = job.picture, self.settings
+        if not job.faces or not self.restoring:
+            job.result = pic
+        elif restored_device is not None and self.uses_device_paste(job):
+            job.result = pic.with_pixels(self._paste_device(job, restored_device))
+        elif s.aligned:
+            job.result = pic.with_pixels(self._blend_aligned(pic, job.faces[0]))
+        else:
+            masks = self.parser.masks([f.restored for f in job.faces]) if s.parse_mask else [None] * len(job.faces)
+            paste = []
+            for face, mask in zip(job.faces, masks, strict=True):
+                crop = face.restored
+                if s.soften_small_faces and is_small_face(face.detection.box):
+                    crop = soften(crop)
+                paste.append(PasteFace(crop, face.inverse, mask))
+            fn = paste_faces if self.face_crop else paste_faces_full_frame
+            job.result = pic.with_pixels(fn(pic.rgb, paste, s.strength))
+        job.status = "ok" if job.faces else "no_face"
+        job.add_time("paste", time.perf_counter() - t)
+        return job.result
+
+    def _paste_device(self, job: ImageJob, restored_device: Sequence[Any]) -> np.ndarray:
+        s = self.settings
+        faces = [DeviceFace(dev, face.inverse, face_mask(dev.shape[0]),
+                            soften=s.soften_small_faces and face.detection is not None
+                            and is_small_face(face.detection.box))
+                 for face, dev in zip(job.faces, restored_device, strict=True)]
+        stream = thread_stream(restored_device[0].device)          # off the generator's stream
+        with torch.cuda.stream(stream):
+            pixels = paste_faces_device(job.picture.rgb, faces, s.strength, base_device=job.image_device,
+                                        impl=self.paste_impl)
+        stream.synchronize()
+        return pixels
+
+    def _blend_aligned(self, pic: Picture, face: FaceCrop) -> np.ndarray:
+        w, h = pic.size
+        restored = face.restored
+        if (w, h) != (self.size, self.size):
+            restored = cv2.resize(restored, (w, h), interpolation=cv2.INTER_AREA if w < self.size else cv2.INTER_LINEAR)
+        scale, top = (257.0, 65535) if pic.bits == 16 else (1.0, 255)
+        bg = pic.rgb.astype(np.float32)
+        out = bg + self.settings.strength * (restored.astype(np.float32) * scale - bg)
+        return np.clip(np.rint(out), 0, top).astype(pic.rgb.dtype)
+
+
+def as_picture(item: Picture | np.ndarray | str) -> Picture:
+    """A decoded picture from what a source's loader returns: a Picture, an array, or a path to read."""
+    if isinstance(item, Picture):
+        return item
+    if isinstance(item, np.ndarray):
+        return picture_from_array(item)
+    return read_image(item)
+
+
+def one_line(source: str, exc: BaseException) -> str:
+    """One line naming the input: the exception's own message when it already does (ImageReadError)."""
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if source in msg:
+        return msg
+    return f"{source}: {type(exc).__name__}" + (f": {msg}" if msg else "")
