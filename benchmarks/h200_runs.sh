@@ -530,7 +530,7 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
     folder512 420 10 --images 4096 --skip-serial --ab-detector-process --no-warm-run
     ;;
   targets-4096-tests)
-    step "4,096 photos, --detector-process: serial (first 256 photos) and pipeline in one run, the issue's targets"
+    step "4,096 photos, --detector-process: serial (first 256 photos) and pipeline in one run, checked against throughput.py's targets"
     folder512 300 8 --images 4096 --serial-images 256 --detector-process
     step "GPU tests (all)"
     timeout 250 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | grep -v -i warn | tail -8 >> "$LOG"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU benchmark behind the bench tables in benchmarks/RESULTS.md: GPEN-BFR-512 and GPEN-BFR-256 on one CUDA GPU.
+# The standard `gpen-tune bench` run on one CUDA GPU: GPEN-BFR-512 and GPEN-BFR-256, then --face-crop on vs off.
 # Each model is one process that finishes within ~8 minutes (--max-minutes skips rows left after 6.5 min and says
 # so in the results); run them as two separate commands if a command may only take 10 minutes:
 #   benchmarks/run_bench.sh 512        benchmarks/run_bench.sh 256        benchmarks/run_bench.sh facecrop
