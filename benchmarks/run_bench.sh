@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The GPU benchmark behind the README table: GPEN-BFR-512 and GPEN-BFR-256 on one CUDA GPU (H200 in the README).
+# The standard `gpen-tune bench` run on one CUDA GPU: GPEN-BFR-512 and GPEN-BFR-256, then --face-crop on vs off.
 # Each model is one process that finishes within ~8 minutes (--max-minutes skips rows left after 6.5 min and says
 # so in the results); run them as two separate commands if a command may only take 10 minutes:
 #   benchmarks/run_bench.sh 512        benchmarks/run_bench.sh 256        benchmarks/run_bench.sh facecrop
 # (no argument: all three). facecrop = --face-crop on vs off on a >= 12 MP photo (needs gpen_tune.face).
-# Results: $OUT (the device tool's output folder) or benchmarks/results: bench-<model>-<gpu>.{json,md,png}.
+# Results: $OUT if set, else benchmarks/results: bench-<model>-<gpu>.{json,md,png}.
 # Inputs: --inputs DIR if FACES_DIR is set, else the faces detected in the bundled photos (gpen_tune.face).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,19 +1,42 @@
 #!/bin/sh
 # Set up gpen-tune in ./.venv (created if missing): torch, the package and its offline face detector.
-# Safe to re-run. Usage: sh scripts/setup.sh [--dev]      (--dev adds pytest and ruff)
+# Safe to re-run (what is installed already is kept). Prints each step, pip's progress, and at the end how long
+# it took and how large .venv is.
+# Usage: sh scripts/setup.sh [--dev]      (--dev adds pytest and ruff)
 set -eu
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+start=$(date +%s)
+step() { printf '\n==> %s\n' "$*"; }
+
 if [ ! -x .venv/bin/python ]; then
+    step "creating .venv with $("$PY" --version 2>&1)"
     "$PY" -m venv .venv
+else
+    step "using the existing .venv ($(.venv/bin/python --version 2>&1))"
 fi
 PIP=".venv/bin/python -m pip"
 extras=""
-[ "${1:-}" = "--dev" ] && extras="[dev]"
+with_dev=""
+if [ "${1:-}" = "--dev" ]; then
+    extras="[dev]"
+    with_dev=", with pytest and ruff"
+fi
+
 # torch first, in the range the package accepts (pip picks the build for this platform)
-$PIP install -q "torch>=2.4,<2.15" "torchvision>=0.19,<0.30"
-$PIP install -q -e ".${extras}"
+step "1/3 torch and torchvision: the largest part (a few GB with CUDA libraries on Linux)"
+$PIP install --progress-bar on "torch>=2.4,<2.15" "torchvision>=0.19,<0.30"
+
+step "2/3 gpen-tune (editable) and its dependencies${with_dev}: opencv, pillow, facexlib, scikit-image, matplotlib, typer, rich, libcst"
+$PIP install --progress-bar on -e ".${extras}"
+
 # facenet-pytorch ships the MTCNN weights (MIT) that make detection work offline; its metadata pins
 # torch<2.3 although the code runs on current torch, hence --no-deps (its real needs are installed above).
-$PIP install -q --no-deps "facenet-pytorch==2.6.0"
+step "3/3 facenet-pytorch 2.6.0 (--no-deps): the offline MTCNN face detector, its weights inside the wheel"
+$PIP install --progress-bar on --no-deps "facenet-pytorch==2.6.0"
+
+step "check"
 .venv/bin/python -c "import gpen_tune, torch; print(f'gpen-tune {gpen_tune.__version__} ready (torch {torch.__version__})')"
+elapsed=$(( $(date +%s) - start ))
+size=$(du -sh .venv | cut -f1)
+printf 'setup took %d min %02d s; .venv is %s\n' $((elapsed / 60)) $((elapsed % 60)) "$size"

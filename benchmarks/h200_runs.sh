@@ -1,73 +1,81 @@
 #!/usr/bin/env bash
-# The H200 session behind benchmarks/results/: every GPU figure in the README comes from one of these commands.
-# Run from the repository root on the GPU machine; results go to $OUT (or benchmarks/results).
-#   benchmarks/h200_session.sh part1   # GPU tests, generator limit (quick), bench GPEN-BFR-512 and -256   (~9 min)
-#   benchmarks/h200_session.sh part2   # end-to-end folder throughput, serial vs pipeline in one run        (~4 min)
-#   benchmarks/h200_session.sh part3   # bench GPEN-BFR-512: default vs compile / amp / cuda-graph / presets (~2 min)
-#   benchmarks/h200_session.sh part4   # session 2: folder throughput (batched detector), plain bs1 before/after, GPU tests (~5 min)
-#   benchmarks/h200_session.sh part5   # session 2: bench GPEN-BFR-512 and -256 on the final model, detector speed (~9 min)
-#   benchmarks/h200_session.sh part6   # session 2: GPU tests, throughput with float64 detector + 24 prepare threads (~4 min)
-#   benchmarks/h200_session.sh part7   # session 2: detector/runner GPU tests, throughput with the float32 detector (~3 min)
-#   benchmarks/h200_session.sh part19  # session 4 (benchmarks/_before held layers.py/gpen.py/fir.py of 4178025): plain bs1 before/after (styles GEMM, lrelu in the conv's last pass, cached sums read in capture); detector contention; GPU tests (~6 min)
-#   benchmarks/h200_session.sh part20  # session 4, at d911227 (its benchmarks/_before/mtcnn_batched.py = f119d48's): detector driver A/B alone and under load; throughput A/B/A; GPU tests (~8 min); the driver change it measured was reverted (f720bad)
-#   benchmarks/h200_session.sh part21  # session 4: bench GPEN-BFR-512 and -256 (~6 min)
-#   benchmarks/h200_session.sh part23  # session 4: pipeline A/B/A with a 20 ms GIL switch interval (favours the op-issuing detector thread) (~2 min)
-#   benchmarks/h200_session.sh part25  # session 5: GPU tests, detector speed / under load / folder throughput with the P-Net from CUDA graphs vs eager (~9 min)
-#   benchmarks/h200_session.sh part26  # session 5: GPU tests (detector, paste, throughput), throughput A/B/A of the one-kernel Triton paste vs PyTorch calls (~5 min)
-#   benchmarks/h200_session.sh part27  # session 5: GIL profile of a pipeline run; pipeline with 24 prepare / 12 finish threads (~4 min)
-#   benchmarks/h200_session.sh part28  # session 5: pipeline A/B/A: GPU paste at every size; detector stream priority (~3 min)
-#   benchmarks/h200_session.sh part29  # session 5: GPU tests, detector alone and folder A/B/A: Triton area resize vs PyTorch calls (~6 min)
-#   benchmarks/h200_session.sh part30  # session 5: pipeline A/B/A with a 0.05 ms GIL switch interval; detector under every load (~4 min)
-#   benchmarks/h200_session.sh part31  # session 5: pipeline A/B/A with 64-image detector calls; 1,024-photo folder (~4 min)
-#   benchmarks/h200_session.sh part32  # session 5: pipeline vs detector process; all GPU tests (~5 min)
-#   benchmarks/h200_session.sh part33  # session 5, at 097a0b2 (its R-Net / O-Net graphs were reverted after this run: 455 vs 426 / 458 faces/s): detector GPU tests; pipeline A/B/A (~3 min)
-#   benchmarks/h200_session.sh part34  # session 6 (run 2026-12-01; flags since removed): GPU tests; pipeline A/B/A with device-only results and with crops staged by the prepare workers (~5 min)
-#   benchmarks/h200_session.sh part35  # session 6 (run 2026-12-01; flags since removed): pipeline A/B/A with the generator yielding to the detector, 256 and 1,024 photos (~5 min)
-#   benchmarks/h200_session.sh part36  # session 6: CPU seconds per thread kind in a 1,024-photo run; the detector's kernels by name (~3 min)
-#   benchmarks/h200_session.sh part37  # session 6: detector GPU tests; NMS per group (Triton) vs torchvision's: detector alone, pipeline A/B/A (~5 min)
-#   benchmarks/h200_session.sh part38  # session 6: runner GPU tests; A/B/A of the GPU stage's per-batch host copies and of a 1 ms GIL switch interval (~5 min)
-#   benchmarks/h200_session.sh part39  # session 6: py-spy --idle of a 1,024-photo run (where each thread waits); switch interval 1 ms A/B/A again (~4 min)
-#   benchmarks/h200_session.sh part40  # session 6: A/B/A of direct copies from page-locked memory (run 2026-12-01; flags since removed)
-#   benchmarks/h200_session.sh part41  # session 6: all GPU tests; serial + pipeline (256), pipeline (1,024), A/A/A calibration (~8 min)
-#   benchmarks/h200_session.sh part42  # session 6: runner GPU tests; A/B/A of the small faces softened together (run 2026-12-01; flag since removed)
-#   benchmarks/h200_session.sh part43  # session 7: all GPU tests; pipeline A/B/A of faces cut on the CPU vs the GPU (~4 min)
-#   benchmarks/h200_session.sh part44  # session 7: pipeline A/B/As: detector stream priority, 64-image detector calls (~3 min)
-#   benchmarks/h200_session.sh part45..part49  # session 7: experiments whose flags were since removed (see each part)
-#   benchmarks/h200_session.sh part50  # session 7: detector thread vs process (1,024 photos); serial + pipeline (256) (~2 min)
-#   benchmarks/h200_session.sh part51  # session 7: A/B/A/B detector thread / process, 1,024 photos (~2 min)
-#   benchmarks/h200_session.sh part52  # session 7: detector thread vs process, 4,096 photos (~2 min)
-#   benchmarks/h200_session.sh part53  # session 7: the issue's targets in one run (4,096 photos, --detector-process); all GPU tests (~4 min)
-#   benchmarks/h200_session.sh part24  # session 5: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
-#   benchmarks/h200_session.sh part22  # session 4: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
-#   benchmarks/h200_session.sh part8   # A/B of the shrink to det_size in the callers' threads (~2 min)
-#   benchmarks/h200_session.sh part9   # Triton FIR A/B at bs1, GPU tests, bench GPEN-BFR-512 (~10 min)
-#   benchmarks/h200_session.sh part10  # session 3: Triton FIR A/B, GPU tests, caller-shrink A/B, GIL profile, GPU JPEG probe (~8 min)
-#   benchmarks/h200_session.sh part11  # session 3: FIR dispatch A/B, GPU tests, throughput (OpenCV decode, deferred NaN guard), GIL profile (~5 min)
-#   benchmarks/h200_session.sh part12  # session 3: bench GPEN-BFR-512 and -256 on the merged model (~9 min)
-#   benchmarks/h200_session.sh part13  # session 3: GPU tests, detector speed, throughput (one-sync P-Net), prepare threads 12/48 (~6 min)
-#   benchmarks/h200_session.sh part14  # session 3: throughput with the new default (48 prepare threads) twice, GPU tests (~5 min)
-#   benchmarks/h200_session.sh part15  # session 3: A/B/A of the detector stream's priority, pipeline only (~1.5 min)
-#                                      # (run at 23:06 with high priority as the default, "pipeline" rows = high)
-#   benchmarks/h200_session.sh part16  # next: plain bs1 with channels-last modulated weights (after_cl_weights) (~1 min)
-#   benchmarks/h200_session.sh part17  # next: pipeline with the detector thread vs the detector process, one run (~2 min)
-#   benchmarks/h200_session.sh part18  # session 4: detector under GPU/CPU/GIL load; pipeline with a 0.5 ms GIL switch interval (~3 min)
+# The H200 runs behind benchmarks/results/ and benchmarks/RESULTS.md: every GPU figure there comes from one
+# of these commands. Run from the repository root on the GPU machine; results go to $OUT (or benchmarks/results),
+# the log to $OUT/YYYYMMDD-HHMM-h200-NAME.log. PYTHON=echo prints the commands without running them.
+#   bash benchmarks/h200_runs.sh NAME
+# NAME (oldest first; when it ran; what it measures). Parts marked "flag since removed" measured
+# experiments that were not kept: their flags are gone from throughput.py, so they no longer run as written.
+#   tests-generator-bench                 run 2026-11-30 18:30 UTC: GPU tests, generator limit (quick), bench GPEN-BFR-512 and -256 (~9 min)
+#   folder-balanced                       run 2026-11-30 18:39 UTC: folder throughput, serial vs pipeline in one run, preset balanced (~4 min)
+#   bench-switches-presets                run 2026-11-30 18:42 UTC: bench GPEN-BFR-512: default vs amp / cuda-graph / compile / presets (~2 min)
+#   folder-plain-bs1-tests                run 2026-11-30 19:49 UTC: folder throughput (batched detector), plain bs1 before/after the model change, GPU tests (~5 min)
+#   bench-detector-speed                  run 2026-11-30 19:52 UTC: bench GPEN-BFR-512 and -256 on the changed model, detector speed (~9 min)
+#   tests-folder-gpu-paste                run 2026-11-30 20:02 UTC: GPU tests, folder throughput incl. the GPU paste for every image (~4 min)
+#   tests-folder-float32-detector         run 2026-11-30 20:07 UTC: detector/runner GPU tests, folder throughput with the float32 detector (~3 min)
+#   ab-caller-shrink                      no log kept: A/B of the shrink to det_size in the callers' threads (~2 min)
+#   fir-triton-tests-bench                no log kept: Triton FIR A/B at bs1, GPU tests, bench GPEN-BFR-512 (~10 min)
+#   fir-triton-caller-shrink-gil          run 2026-11-30 22:05 UTC: Triton FIR A/B, GPU tests, caller-shrink A/B, GIL profile, GPU JPEG probe (~8 min)
+#   fir-dispatch-folder-gil               run 2026-11-30 22:20 UTC: FIR dispatch A/B, GPU tests, folder throughput (OpenCV decode, deferred NaN guard), GIL profile (~5 min)
+#   bench-512-256-short                   run 2026-11-30 22:26 UTC: bench GPEN-BFR-512 and -256 on the merged model (~9 min)
+#   tests-detector-speed-prepare-threads  run 2026-11-30 22:41 UTC: GPU tests, detector speed, folder throughput (one-sync P-Net), 12/48 prepare threads (~6 min)
+#   folder-48-prepare-threads             run 2026-11-30 22:46 UTC: folder throughput with 48 prepare threads twice, GPU tests (~5 min)
+#   ab-detector-priority                  run 2026-11-30 23:06 UTC: A/B/A of the detector stream's priority, pipeline only (~1.5 min; run with high priority as the default, "pipeline" rows = high)
+#   plain-bs1-layouts                     run 2026-12-01 02:23 UTC: plain bs1: FIR variants, channels-last modulated weights, whole model NHWC (~1 min)
+#   ab-detector-process-256               run 2026-12-01 02:24 UTC: pipeline with the detector thread vs the detector process, one run (~2 min)
+#   detector-load-switch-500us            run 2026-12-01 02:29 UTC: detector under GPU/CPU/GIL load; pipeline with a 0.5 ms GIL switch interval (~3 min)
+#   plain-bs1-styles-gemm                 run 2026-12-01 02:42 UTC: plain bs1 before/after (benchmarks/_before held layers.py/gpen.py/fir.py of 4178025: styles GEMM, lrelu in the conv's last pass, cached sums read in capture); detector contention; GPU tests (~6 min)
+#   ab-pnet-host-plan                     run 2026-12-01 02:51 UTC: at d911227 (its benchmarks/_before/mtcnn_batched.py = f119d48's): detector driver A/B alone and under load; throughput A/B/A; GPU tests (~8 min); the driver change it measured was reverted (f720bad)
+#   bench-512-256                         run 2026-12-01 02:55 UTC: bench GPEN-BFR-512 and -256 (~6 min)
+#   folder-cpu-paste-prepare16            run 2026-12-01 03:04 UTC: pipeline with default settings / CPU paste / 16 prepare threads x 3 images / default (~3 min)
+#   ab-switch-20ms                        run 2026-12-01 03:17 UTC: pipeline A/B/A with a 20 ms GIL switch interval (~2 min)
+#   detector-gil-split                    run 2026-12-01 04:10 UTC: is the detector's in-run slowdown the GIL or the CPU (--gil-split), and how much of a call is GPU time (--profile)? (~2 min)
+#   ab-pnet-graphs                        run 2026-12-01 04:24 UTC: GPU tests, detector speed / under load / folder throughput with the P-Net from CUDA graphs vs eager (~9 min)
+#   ab-paste-triton                       run 2026-12-01 04:34 UTC: GPU tests (detector, paste, throughput), A/B/A of the one-kernel Triton paste vs PyTorch calls (~5 min)
+#   gil-profile-prepare24-finish12        run 2026-12-01 04:36 UTC: GIL profile of a pipeline run; pipeline with 24 prepare / 12 finish threads (~4 min)
+#   ab-gpu-paste-detector-priority        run 2026-12-01 04:39 UTC: pipeline A/B/A: GPU paste at every size; detector stream priority (~3 min)
+#   ab-area-triton                        run 2026-12-01 04:45 UTC: GPU tests, detector alone and folder A/B/A: Triton area resize vs PyTorch calls (~6 min)
+#   ab-switch-50us-detector-load          run 2026-12-01 04:48 UTC: pipeline A/B/A with a 0.05 ms GIL switch interval; detector under every load (~4 min)
+#   ab-detector-batch64-folder1024        run 2026-12-01 04:50 UTC: pipeline A/B/A with 64-image detector calls; 1,024-photo folder (~4 min)
+#   ab-detector-process-tests             run 2026-12-01 04:53 UTC: pipeline vs detector process; all GPU tests (~5 min)
+#   ab-rnet-onet-graphs                   run 2026-12-01 05:03 UTC: at 097a0b2 (its R-Net / O-Net graphs were reverted after this run: 455 vs 426 / 458 faces/s): detector GPU tests; pipeline A/B/A (~3 min)
+#   ab-device-results-stage-crops         run 2026-12-01 05:56 UTC: flags since removed: GPU tests; pipeline A/B/A with device-only results and with crops staged by the prepare workers (~5 min)
+#   ab-yield-to-detector                  run 2026-12-01 05:58 UTC: flag since removed: pipeline A/B/A with the generator yielding to the detector, 256 and 1,024 photos (~5 min)
+#   cpu-by-thread-detector-kernels        run 2026-12-01 06:02 UTC: CPU seconds per thread kind in a 1,024-photo run; the detector's kernels by name (~3 min)
+#   ab-nms-triton                         run 2026-12-01 06:10 UTC: detector GPU tests; NMS per group (Triton) vs torchvision's: detector alone, pipeline A/B/A (~5 min)
+#   ab-batch-copies-switch-1ms            run 2026-12-01 06:15 UTC: runner GPU tests; A/B/A of the GPU stage's per-batch host copies and of a 1 ms GIL switch interval (~5 min)
+#   thread-profile-switch-1ms             run 2026-12-01 06:19 UTC: py-spy --idle of a 1,024-photo run (where each thread waits); switch interval 1 ms A/B/A again (~4 min)
+#   ab-pinned-direct-copies               run 2026-12-01 06:26 UTC: flags since removed: A/B/A of direct copies from page-locked memory
+#   tests-folder-256-1024-aaa             run 2026-12-01 06:33 UTC: all GPU tests; serial + pipeline (256), pipeline (1,024), A/A/A calibration (~8 min)
+#   ab-soften-together                    run 2026-12-01 06:40 UTC: flag since removed: runner GPU tests; A/B/A of the small faces softened together
+#   ab-cut-on-gpu                         run 2026-12-01 07:33 UTC: all GPU tests; pipeline A/B/A of faces cut on the CPU vs the GPU (~4 min)
+#   ab-detector-priority-batch64          run 2026-12-01 07:41 UTC: pipeline A/B/As: detector stream priority, 64-image detector calls (~3 min)
+#   ab-detector-threads-first-try         run 2026-12-01 07:47 UTC: flag not yet in throughput.py, its A/Bs failed (they ran as ab-detector-threads)
+#   ab-detector-threads                   run 2026-12-01 07:48 UTC: flag since removed: pipeline A/B/A with 2 and 3 detector threads (~2 min)
+#   detector-phases                       run 2026-12-01 07:51 UTC: where a detector call goes (phases timed); detector alone and under decode threads (~2 min)
+#   ab-pinned-uploads                     run 2026-12-01 07:54 UTC: flag since removed: image uploads through page-locked staging (~1 min)
+#   ab-canvas-one-call                    run 2026-12-01 07:58 UTC: flag since removed: detector canvas filled in one call vs one copy per image (~2 min)
+#   detector-process-1024-folder-256      run 2026-12-01 08:00 UTC: detector thread vs process (1,024 photos); serial + pipeline (256) (~2 min)
+#   abab-detector-process                 run 2026-12-01 08:03 UTC: A/B/A/B detector thread / process, 1,024 photos (~2 min)
+#   detector-process-4096                 run 2026-12-01 08:08 UTC: detector thread vs process, 4,096 photos (~2 min)
+#   targets-4096-tests                    run 2026-12-01 08:13 UTC: 4,096 photos with --detector-process, serial on the first 256 and pipeline in one run; all GPU tests (~4 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 DEST=${OUT:-benchmarks/results}
-LOG="$DEST/session-${1:-part1}.log"
+PART=${1:-tests-generator-bench}
+LOG="$DEST/$(date -u +%Y%m%d-%H%M)-h200-$PART.log"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 step() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; }
 # folder512 SECONDS LINES ARGS...: benchmarks/throughput.py on GPEN-BFR-512, --preset speed, batch 32, with ARGS;
-# the last LINES lines of its output go to the log (parts 43 on)
+# the last LINES lines of its output go to the log (the parts from ab-cut-on-gpu on)
 folder512() {
   local limit=$1 lines=$2; shift 2
   timeout "$limit" "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --batch 32 "$@" \
     --out "$DEST" 2>&1 | tail -"$lines" >> "$LOG"
 }
 
-case "${1:-part1}" in
-  part1)
+case "$PART" in
+  tests-generator-bench)
     step "GPU tests"
     timeout 80 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -15 >> "$LOG"
     step "generator limit (quick)"
@@ -79,18 +87,18 @@ case "${1:-part1}" in
     timeout 100 "$PY" -m gpen_tune.bench --model GPEN-BFR-256 --device cuda --batch-sizes 1,4,16 --repeats 6 \
       --warmup 2 --max-minutes 1.4 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
     ;;
-  part2)
+  folder-balanced)
     step "throughput GPEN-BFR-512, preset balanced"
     timeout 230 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset balanced --images 256 --batch 32 \
       --out "$DEST" 2>&1 | tail -40 >> "$LOG"
     ;;
-  part3)
+  bench-switches-presets)
     step "bench GPEN-BFR-512, single switches and presets"
     timeout 230 "$PY" -m gpen_tune.bench --model GPEN-BFR-512 --device cuda \
       --rows default,amp,cuda_graph,preset:balanced,compile,preset:speed --batch-sizes 1,4,16 --repeats 6 \
       --warmup 2 --max-minutes 3.0 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
     ;;
-  part4)
+  folder-plain-bs1-tests)
     step "throughput GPEN-BFR-512, preset speed, serial and pipeline"
     timeout 240 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --out "$DEST" 2>&1 | tail -14 >> "$LOG"
@@ -103,7 +111,7 @@ case "${1:-part1}" in
     step "GPU tests"
     timeout 90 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -15 >> "$LOG"
     ;;
-  part5)
+  bench-detector-speed)
     step "bench GPEN-BFR-512 (all rows)"
     timeout 400 "$PY" -m gpen_tune.bench --model GPEN-BFR-512 --device cuda --batch-sizes 1,4,16 --repeats 6 \
       --warmup 2 --max-minutes 5.6 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
@@ -113,7 +121,7 @@ case "${1:-part1}" in
     timeout 110 "$PY" -m gpen_tune.bench --model GPEN-BFR-256 --device cuda --batch-sizes 1,4,16 --repeats 6 \
       --warmup 2 --max-minutes 1.3 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
     ;;
-  part6)
+  tests-folder-gpu-paste)
     step "GPU tests"
     timeout 100 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider --tb=short 2>&1 | tail -45 >> "$LOG"
     step "throughput GPEN-BFR-512, preset speed, serial and pipeline"
@@ -126,7 +134,7 @@ case "${1:-part1}" in
     timeout 90 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --paste gpu --skip-serial --out "$DEST" 2>&1 | tail -14 >> "$LOG"
     ;;
-  part7)
+  tests-folder-float32-detector)
     step "GPU tests of the detector and the folder runner, with tracebacks"
     timeout 60 "$PY" -m pytest -q -m gpu tests/test_mtcnn_batched.py tests/test_throughput.py -p no:cacheprovider \
       --tb=short 2>&1 | tail -60 >> "$LOG"
@@ -134,12 +142,12 @@ case "${1:-part1}" in
     timeout 110 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --out "$DEST" 2>&1 | tail -14 >> "$LOG"
     ;;
-  part8)
+  ab-caller-shrink)
     step "throughput GPEN-BFR-512, preset speed: serial, pipeline (shrink in callers), pipeline (shrink in detector)"
     timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --ab-caller-shrink --out "$DEST" 2>&1 | tail -16 >> "$LOG"
     ;;
-  part9)
+  fir-triton-tests-bench)
     step "plain model at batch 1: PyTorch's depthwise FIR vs the Triton FIR, eager and graph, one run"
     timeout 120 "$PY" benchmarks/plain_bs1.py --model GPEN-BFR-512 --out "$DEST" 2>&1 | tail -40 >> "$LOG"
     step "GPU tests"
@@ -148,7 +156,7 @@ case "${1:-part1}" in
     timeout 400 "$PY" -m gpen_tune.bench --model GPEN-BFR-512 --device cuda --batch-sizes 1,4,16 --repeats 6 \
       --warmup 2 --max-minutes 5.6 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
     ;;
-  part10)
+  fir-triton-caller-shrink-gil)
     step "plain model at batch 1: PyTorch's depthwise FIR vs the Triton FIR, eager and graph, one run"
     timeout 120 "$PY" benchmarks/plain_bs1.py --model GPEN-BFR-512 --out "$DEST" 2>&1 | tail -40 >> "$LOG"
     step "GPU tests"
@@ -165,7 +173,7 @@ case "${1:-part1}" in
     step "GPU JPEG decode probe (torchvision.io on CUDA vs cv2)"
     timeout 60 "$PY" benchmarks/jpeg_probe.py --out "$DEST" 2>&1 | tail -20 >> "$LOG"
     ;;
-  part11)
+  fir-dispatch-folder-gil)
     step "plain model at batch 1: FIR on PyTorch's conv / always Triton / default dispatch, eager and graph, one run"
     timeout 120 "$PY" benchmarks/plain_bs1.py --model GPEN-BFR-512 --out "$DEST" 2>&1 | tail -60 >> "$LOG"
     step "GPU tests"
@@ -180,7 +188,7 @@ case "${1:-part1}" in
         --out "$DEST/pyspy_run" 2>&1 | tail -4 >> "$LOG"
     else echo "py-spy not installed" >> "$LOG"; fi
     ;;
-  part12)
+  bench-512-256-short)
     step "bench GPEN-BFR-512 (all rows)"
     timeout 400 "$PY" -m gpen_tune.bench --model GPEN-BFR-512 --device cuda --batch-sizes 1,4,16 --repeats 6 \
       --warmup 2 --max-minutes 5.6 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
@@ -188,7 +196,7 @@ case "${1:-part1}" in
     timeout 110 "$PY" -m gpen_tune.bench --model GPEN-BFR-256 --device cuda --batch-sizes 1,4,16 --repeats 6 \
       --warmup 2 --max-minutes 1.3 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
     ;;
-  part13)
+  tests-detector-speed-prepare-threads)
     step "GPU tests"
     timeout 130 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider --tb=short 2>&1 | tail -30 >> "$LOG"
     step "detector speed (P-Net stage with one nonzero and two NMS for the pyramid)"
@@ -202,7 +210,7 @@ case "${1:-part1}" in
         --skip-serial --prepare-workers $n --out "$DEST" 2>&1 | tail -8 >> "$LOG"
     done
     ;;
-  part14)
+  folder-48-prepare-threads)
     step "throughput GPEN-BFR-512, preset speed, serial and pipeline (default threads: 8 finish, 48 prepare)"
     timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --out "$DEST" 2>&1 | tail -14 >> "$LOG"
@@ -212,28 +220,28 @@ case "${1:-part1}" in
     step "GPU tests"
     timeout 200 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider --tb=short -rA 2>&1 | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|^E " | tail -40 >> "$LOG"
     ;;
-  part15)
+  ab-detector-priority)
     step "throughput GPEN-BFR-512, preset speed, pipeline: detector stream high priority / default / high"
     timeout 100 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-detector-priority --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  part16)
+  plain-bs1-layouts)
     step "plain model at batch 1: FIR variants, channels-last modulated weights, whole model NHWC, eager and graph, one run"
     timeout 150 "$PY" benchmarks/plain_bs1.py --model GPEN-BFR-512 --out "$DEST" 2>&1 | tail -80 >> "$LOG"
     ;;
-  part17)
+  ab-detector-process-256)
     step "throughput GPEN-BFR-512, preset speed: serial, pipeline (detector thread), pipeline (detector process)"
     timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --ab-detector-process --out "$DEST" 2>&1 | tail -14 >> "$LOG"
     ;;
-  part18)
+  detector-load-switch-500us)
     step "detector call time alone and under GPU / CPU / GIL load (one process)"
     timeout 150 "$PY" benchmarks/detector_contention.py --out "$DEST" 2>&1 | tail -12 >> "$LOG"
     step "throughput GPEN-BFR-512, preset speed, pipeline: GIL switch interval 5 ms / 0.5 ms / 5 ms"
     timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-switch-interval 0.0005 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  part19)
+  plain-bs1-styles-gemm)
     step "plain bs1: before (benchmarks/_before: the previous layers.py/gpen.py/fir.py) vs after, eager and graph"
     if [ -d benchmarks/_before ]; then BEFORE="--before benchmarks/_before"; else BEFORE=""; fi
     timeout 150 "$PY" benchmarks/plain_bs1.py --model GPEN-BFR-512 $BEFORE --out "$DEST" 2>&1 | grep -v "^  " | tail -20 >> "$LOG"
@@ -243,7 +251,7 @@ case "${1:-part1}" in
     timeout 200 "$PY" -m pytest -q -m gpu tests/test_fir_triton.py tests/test_tune_switches.py tests/test_fast.py \
       -p no:cacheprovider --tb=short -rA 2>&1 | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|^E " | tail -30 >> "$LOG"
     ;;
-  part20)
+  ab-pnet-host-plan)
     step "detector driver before (benchmarks/_before/mtcnn_batched.py) / after, alone and under CPU / GPU load"
     timeout 150 "$PY" benchmarks/detector_contention.py --before benchmarks/_before/mtcnn_batched.py \
       --out "$DEST" 2>&1 | tail -10 >> "$LOG"
@@ -253,33 +261,33 @@ case "${1:-part1}" in
     step "GPU tests"
     timeout 200 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider --tb=short -rA 2>&1 | grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|^E " | tail -40 >> "$LOG"
     ;;
-  part21)
+  bench-512-256)
     step "bench GPEN-BFR-512 (all rows)"
     timeout 400 "$PY" -m gpen_tune.bench --model GPEN-BFR-512 --device cuda --batch-sizes 1,4,16 --repeats 6 \
       --warmup 2 --max-minutes 5.6 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
     step "bench GPEN-BFR-256"
-    # (in session 4 this 1.3-minute run was cut off by the timeout; the committed -256 table comes from a run of its
+    # (on 2026-12-01 this 1.3-minute run was cut off by the timeout; the committed -256 table comes from a run of its
     # own right after, with --max-minutes 3.6 and timeout 290, which finished in 142 s: that is what runs here now)
     timeout 290 "$PY" -m gpen_tune.bench --model GPEN-BFR-256 --device cuda --batch-sizes 1,4,16 --repeats 6 \
       --warmup 2 --max-minutes 3.6 -o "$DEST" 2>&1 | tail -30 >> "$LOG"
     ;;
-  part22)
+  folder-cpu-paste-prepare16)
     for opts in "" "--paste cpu" "--prepare-workers 16 --detect-batch 3" ""; do
       step "throughput GPEN-BFR-512, preset speed, pipeline only: default settings $opts"
       timeout 80 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
         --skip-serial $opts --out "$DEST" 2>&1 | tail -7 >> "$LOG"
     done
     ;;
-  part23)
+  ab-switch-20ms)
     step "throughput GPEN-BFR-512, preset speed, pipeline: GIL switch interval 5 ms / 20 ms / 5 ms"
     timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-switch-interval 0.02 --out "$DEST" 2>&1 | tail -9 >> "$LOG"
     ;;
-  part24)
+  detector-gil-split)
     step "detector under decode load: 8 / 16 / 48 threads of this process vs 48 processes (GIL or CPU?)"
     timeout 200 "$PY" benchmarks/detector_contention.py --gil-split --profile --out "$DEST" 2>&1 | tail -12 >> "$LOG"
     ;;
-  part25)
+  ab-pnet-graphs)
     step "GPU tests"
     timeout 150 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -15 >> "$LOG"
     step "detector speed: eager driver vs P-Net from CUDA graphs, alone"
@@ -291,22 +299,22 @@ case "${1:-part1}" in
     step "detector under load, P-Net graphs vs eager"
     timeout 150 "$PY" benchmarks/detector_contention.py --ab-pnet-graphs --profile --out "$DEST" 2>&1 | tail -12 >> "$LOG"
     ;;
-  part26)
+  ab-paste-triton)
     step "GPU tests: detector, paste, throughput"
     timeout 150 "$PY" -m pytest -q -m gpu tests/test_mtcnn_batched.py tests/test_throughput.py -p no:cacheprovider 2>&1 | tail -8 >> "$LOG"
     step "throughput: serial, pipeline, A/B/A with the GPU paste in PyTorch calls"
     timeout 240 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --ab-paste-torch --out "$DEST" 2>&1 | tail -16 >> "$LOG"
     ;;
-  part27)
+  gil-profile-prepare24-finish12)
     step "where the GIL goes in a pipeline run now (py-spy --gil, raw stacks; P-Net graphs, Triton paste)"
     if command -v py-spy >/dev/null; then
       CMD="py-spy record --gil --threads --rate 250 --format raw -o pyspy_gil_pipeline.txt -- python3 benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 --skip-serial"
       timeout 120 py-spy record --gil --threads --rate 250 --format raw -o "$DEST/pyspy_gil_pipeline.txt" -- \
         "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 --skip-serial \
         --out "$DEST/pyspy_run" 2>&1 | tail -8 >> "$LOG"
-      "$PY" benchmarks/gil_summary.py "$DEST/pyspy_gil_pipeline.txt" --command "$CMD (benchmarks/h200_session.sh part27)" \
-        --rate 250 --note "session 5: P-Net CUDA graphs, one-kernel paste" -o "$DEST/$(date -u +%Y%m%d-%H%M)_gil_profile.json" >> "$LOG" 2>&1
+      "$PY" benchmarks/gil_summary.py "$DEST/pyspy_gil_pipeline.txt" --command "$CMD (benchmarks/h200_runs.sh gil-profile-prepare24-finish12)" \
+        --rate 250 --note "P-Net CUDA graphs, one-kernel paste" -o "$DEST/$(date -u +%Y%m%d-%H%M)_gil_profile.json" >> "$LOG" 2>&1
       rm -f "$DEST/pyspy_gil_pipeline.txt"
     else echo "py-spy not installed" >> "$LOG"; fi
     step "pipeline with 24 prepare threads"
@@ -316,7 +324,7 @@ case "${1:-part1}" in
     timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --workers 12 --out "$DEST" 2>&1 | tail -9 >> "$LOG"
     ;;
-  part28)
+  ab-gpu-paste-detector-priority)
     step "pipeline A/B/A: GPU paste for every image size (--paste gpu) vs auto (GPU from 2 MP)"
     timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-paste gpu --out "$DEST" 2>&1 | tail -10 >> "$LOG"
@@ -324,7 +332,7 @@ case "${1:-part1}" in
     timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-detector-priority --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  part29)
+  ab-area-triton)
     step "GPU tests: detector, paste, throughput"
     timeout 150 "$PY" -m pytest -q -m gpu tests/test_mtcnn_batched.py tests/test_throughput.py -p no:cacheprovider 2>&1 | tail -8 >> "$LOG"
     step "detector speed alone: area resize as one Triton kernel (default) / in PyTorch calls (GPEN_TUNE_AREA=torch)"
@@ -336,14 +344,14 @@ case "${1:-part1}" in
     timeout 240 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --ab-area-torch --out "$DEST" 2>&1 | tail -16 >> "$LOG"
     ;;
-  part30)
+  ab-switch-50us-detector-load)
     step "pipeline A/B/A: GIL switch interval 0.05 ms (default 0.2)"
     timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-switch-interval 0.00005 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     step "detector under load (graphs, Triton area resize), all conditions"
     timeout 150 "$PY" benchmarks/detector_contention.py --full --out "$DEST" 2>&1 | tail -12 >> "$LOG"
     ;;
-  part31)
+  ab-detector-batch64-folder1024)
     step "pipeline A/B/A: 64 images per detector call and 64 prepare threads (default 32 / 48)"
     timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-detector-batch 64 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
@@ -351,21 +359,21 @@ case "${1:-part1}" in
     timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
       --skip-serial --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  part32)
+  ab-detector-process-tests)
     step "pipeline vs the detector in its own process (own GIL; P-Net graphs captured at its start)"
     timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-detector-process --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     step "GPU tests (all)"
     timeout 200 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -8 >> "$LOG"
     ;;
-  part33)
+  ab-rnet-onet-graphs)
     step "GPU tests: detector"
     timeout 100 "$PY" -m pytest -q -m gpu tests/test_mtcnn_batched.py -p no:cacheprovider 2>&1 | tail -5 >> "$LOG"
     step "pipeline A/B/A: the detector's R-Net / O-Net stages from CUDA graphs too"
     timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-crop-graphs --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  part34)   # run 2026-12-01; --ab-device-results / --ab-stage-crops since removed (last in 77e1b11)
+  ab-device-results-stage-crops)   # run 2026-12-01; --ab-device-results / --ab-stage-crops since removed (last in 77e1b11)
     step "GPU tests: throughput (device-only results are new)"
     timeout 150 "$PY" -m pytest -q -m gpu tests/test_throughput.py -p no:cacheprovider 2>&1 | tail -5 >> "$LOG"
     step "pipeline A/B/A: restored crops kept on the device (no per-batch download)"
@@ -375,7 +383,7 @@ case "${1:-part1}" in
     timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-stage-crops --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  part35)   # run 2026-12-01; --ab-yield-to-detector since removed (last in 77e1b11)
+  ab-yield-to-detector)   # run 2026-12-01; --ab-yield-to-detector since removed (last in 77e1b11)
     step "pipeline A/B/A: generator held back (at most 30 ms) while the detector is inside a call"
     timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --skip-serial --ab-yield-to-detector 30 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
@@ -383,7 +391,7 @@ case "${1:-part1}" in
     timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
       --skip-serial --ab-yield-to-detector 30 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  part36)
+  cpu-by-thread-detector-kernels)
     step "pipeline on 1,024 photos with CPU seconds per kind of thread (which stage is CPU-bound?)"
     timeout 150 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
       --skip-serial --out "$DEST" 2>&1 | tail -8 >> "$LOG"
@@ -391,7 +399,7 @@ case "${1:-part1}" in
     timeout 150 "$PY" benchmarks/detector_contention.py --profile --ab-pnet-graphs --calls 6 --out "$DEST" 2>&1 \
       | grep -v -i warn | tail -12 >> "$LOG"
     ;;
-  part37)
+  ab-nms-triton)
     step "GPU tests: detector (the per-group NMS kernel is new) and runner (three experiments removed)"
     timeout 200 "$PY" -m pytest -q -m gpu tests/test_mtcnn_batched.py tests/test_throughput.py -p no:cacheprovider \
       2>&1 | grep -v -i warn | tail -25 >> "$LOG"
@@ -402,7 +410,7 @@ case "${1:-part1}" in
     timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
       --skip-serial --ab-nms-torchvision --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  part38)
+  ab-batch-copies-switch-1ms)
     step "GPU tests: runner (one host copy per batch each way in the GPU stage)"
     timeout 150 "$PY" -m pytest -q -m gpu tests/test_throughput.py -p no:cacheprovider 2>&1 | grep -v -i warn \
       | tail -15 >> "$LOG"
@@ -413,15 +421,15 @@ case "${1:-part1}" in
     timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
       --skip-serial --ab-switch-interval 0.001 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  part39)
+  thread-profile-switch-1ms)
     step "where each thread is (py-spy --idle, innermost frame and line) in a 1,024-photo pipeline run"
     if command -v py-spy >/dev/null; then
       CMD="py-spy record --idle --threads --rate 100 --format raw -o pyspy_idle.txt -- python3 benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 --skip-serial"
       timeout 200 py-spy record --idle --threads --rate 100 --format raw -o "$DEST/pyspy_idle.txt" -- \
         "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 --skip-serial \
         --out "$DEST/pyspy_run" 2>&1 | tail -6 >> "$LOG"
-      "$PY" benchmarks/gil_summary.py "$DEST/pyspy_idle.txt" --command "$CMD (benchmarks/h200_session.sh part39)" \
-        --rate 100 --leaves gpen-gpu,gpen-detect,gpen-finN,gpen-prepN --note "session 6: where the GPU-stage and \
+      "$PY" benchmarks/gil_summary.py "$DEST/pyspy_idle.txt" --command "$CMD (benchmarks/h200_runs.sh thread-profile-switch-1ms)" \
+        --rate 100 --leaves gpen-gpu,gpen-detect,gpen-finN,gpen-prepN --note "where the GPU-stage and \
 detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thread_profile.json" | head -12 >> "$LOG" 2>&1
       gzip -f "$DEST/pyspy_idle.txt"
     else echo "py-spy not installed" >> "$LOG"; fi
@@ -429,7 +437,7 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
     timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
       --skip-serial --ab-switch-interval 0.001 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  part40)   # run 2026-12-01 06:27; --ab-staging-copies and --ab-detector-host-canvas since removed (last in 29716b9)
+  ab-pinned-direct-copies)   # run 2026-12-01 06:27; --ab-staging-copies and --ab-detector-host-canvas since removed (last in 29716b9)
     step "GPU tests: runner and detector (direct copies from page-locked memory)"
     timeout 200 "$PY" -m pytest -q -m gpu tests/test_throughput.py tests/test_mtcnn_batched.py -p no:cacheprovider \
       2>&1 | grep -v -i warn | tail -15 >> "$LOG"
@@ -440,7 +448,7 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
     timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
       --skip-serial --ab-detector-host-canvas --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  part41)
+  tests-folder-256-1024-aaa)
     step "GPU tests (all)"
     timeout 260 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | grep -v -i warn | tail -8 >> "$LOG"
     step "throughput: serial and pipeline, 256 photos (the headline run)"
@@ -453,7 +461,7 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
     timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
       --skip-serial --ab-switch-interval 0.0002 --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  part42)   # run 2026-12-01 06:40; --ab-soften-per-face since removed (the per-face path with it, last in 7196d4c)
+  ab-soften-together)   # run 2026-12-01 06:40; --ab-soften-per-face since removed (the per-face path with it, last in 7196d4c)
     step "GPU tests: paste (small faces softened together)"
     timeout 120 "$PY" -m pytest -q -m gpu tests/test_throughput.py -p no:cacheprovider 2>&1 | grep -v -i warn \
       | tail -6 >> "$LOG"
@@ -461,19 +469,19 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
     timeout 200 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 1024 --batch 32 \
       --skip-serial --ab-soften-per-face --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
-  part43)
+  ab-cut-on-gpu)
     step "GPU tests (all): faces cut on the GPU, 852b2df's tidy"
     timeout 280 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | grep -v -i warn | tail -12 >> "$LOG"
     step "pipeline A/B/A on 1,024 photos: faces cut on the CPU vs on the GPU"
     folder512 220 10 --images 1024 --skip-serial --ab-cut-on-cpu
     ;;
-  part44)
+  ab-detector-priority-batch64)
     step "pipeline A/B/A on 1,024 photos: detector stream at high priority (the detector now limits)"
     folder512 200 10 --images 1024 --skip-serial --ab-detector-priority
     step "pipeline A/B/A on 1,024 photos: up to 64 images per detector call, 64 prepare threads"
     folder512 240 10 --images 1024 --skip-serial --ab-detector-batch 64
     ;;
-  part45)   # --ab-detector-servers was not in throughput.py yet: its two A/Bs failed; they ran as part46
+  ab-detector-threads-first-try)   # --ab-detector-servers was not in throughput.py yet: its two A/Bs failed; they ran as ab-detector-threads
     step "GPU tests: detector plans and servers, faces cut on the GPU (run: 7 passed)"
     timeout 150 "$PY" -m pytest -q -m gpu tests/test_throughput.py tests/test_face_align.py -p no:cacheprovider 2>&1 \
       | grep -v -i warn | tail -8 >> "$LOG"
@@ -482,24 +490,24 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
     step "pipeline A/B/A on 1,024 photos: 3 detector threads"
     folder512 200 10 --images 1024 --skip-serial --ab-detector-servers 3
     ;;
-  part46)   # run at that session's code; detector servers (BatchingDetector(servers=N), MTCNN plan pool) since
+  ab-detector-threads)   # run 2026-12-01 07:48; detector servers (BatchingDetector(servers=N), MTCNN plan pool) since
             # removed: 599.2 (2 threads) vs 675.8 / 630.7, 628.1 (3 threads) vs 665.2 / 687.8 faces/s
     step "pipeline A/B/A on 1,024 photos: 2 detector threads"
     folder512 200 10 --images 1024 --skip-serial --ab-detector-servers 2
     step "pipeline A/B/A on 1,024 photos: 3 detector threads"
     folder512 200 10 --images 1024 --skip-serial --ab-detector-servers 3
     ;;
-  part47)
+  detector-phases)
     step "pipeline on 1,024 photos with the detector's phases timed (diagnostics: where a detector call goes)"
     folder512 150 8 --images 1024 --skip-serial --detector-phases
     step "detector alone and under 48 decode threads (kernels by name)"
     timeout 150 "$PY" benchmarks/detector_contention.py --out "$DEST" 2>&1 | tail -12 >> "$LOG"
     ;;
-  part48)   # --ab-pinned-uploads since removed (measured slower: 569 vs 616 / 628 faces/s)
+  ab-pinned-uploads)   # --ab-pinned-uploads since removed (measured slower: 569 vs 616 / 628 faces/s)
     step "pipeline A/B/A on 1,024 photos: image uploads through page-locked staging, detector phases timed"
     folder512 220 10 --images 1024 --skip-serial --ab-pinned-uploads --detector-phases
     ;;
-  part49)   # run with the canvas filled by one torch._foreach_copy_ (mtcnn_batched.ONE_CALL_FILL, since removed:
+  ab-canvas-one-call)   # run with the canvas filled by one torch._foreach_copy_ (mtcnn_batched.ONE_CALL_FILL, since removed:
             # 587.2 / 629.7 vs 604.6 one copy per image, the fill phase unchanged at ~2.3 s)
     step "GPU tests: mtcnn (canvas filled in one call)"
     timeout 150 "$PY" -m pytest -q -m gpu tests/test_mtcnn_batched.py tests/test_throughput.py -p no:cacheprovider \
@@ -507,27 +515,27 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
     step "pipeline A/B/A on 1,024 photos: detector canvas filled one copy per image vs one call, phases timed"
     folder512 220 10 --images 1024 --skip-serial --ab-fill-per-image --detector-phases
     ;;
-  part50)
+  detector-process-1024-folder-256)
     step "pipeline on 1,024 photos, then with the detector in a process of its own (own GIL, own CUDA context)"
     folder512 220 10 --images 1024 --skip-serial --ab-detector-process
     step "throughput: serial and pipeline, 256 photos (the headline run)"
     folder512 200 10 --images 256
     ;;
-  part51)
+  abab-detector-process)
     step "pipeline A/B/A/B on 1,024 photos: detector thread / detector process / thread / process"
     folder512 260 12 --images 1024 --skip-serial --ab-detector-process --ab-process-repeat
     ;;
-  part52)
+  detector-process-4096)
     step "4,096 photos: pipeline with the detector thread, then with the detector process (steady state, timeline)"
     folder512 420 10 --images 4096 --skip-serial --ab-detector-process --no-warm-run
     ;;
-  part53)
-    step "4,096 photos, --detector-process: serial (first 256 photos) and pipeline in one run, the issue's targets"
+  targets-4096-tests)
+    step "4,096 photos, --detector-process: serial (first 256 photos) and pipeline in one run, checked against throughput.py's targets"
     folder512 300 8 --images 4096 --serial-images 256 --detector-process
-    step "GPU tests (all), final code of session 7"
+    step "GPU tests (all)"
     timeout 250 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | grep -v -i warn | tail -8 >> "$LOG"
     ;;
-  *) echo "usage: $0 part1|...|part53" >&2; exit 2 ;;
+  *) echo "usage: $0 NAME (the names are listed at the top of $0)" >&2; exit 2 ;;
 esac
 step "done"
 cat "$LOG"
