@@ -41,6 +41,8 @@ class ImageJob:
     image_device: Any = None             # [H, W, 3] uint8 on the device when the faces were cut there
     crops_device: Any = None             # [F, S, S, 3] uint8 on the device: the faces cut there
     nonfinite_faces: int = 0             # faces the generator returned non-finite for (left as the input)
+    meta: Any = None                     # the source item's meta, for the sink (a video frame's timestamp)
+    detections: list[Detection] | None = None   # kept for an ordered step (tracking) before alignment
 
     def add_time(self, stage: str, seconds: float) -> None:
         self.timings[stage] = self.timings.get(stage, 0.0) + seconds

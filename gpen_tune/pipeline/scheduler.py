@@ -93,7 +93,7 @@ class RunSummary:
 
 
 def new_job(index: int, item: SourceItem) -> ImageJob:
-    return ImageJob(source=item.name, index=index, stem=item.stem)
+    return ImageJob(source=item.name, index=index, stem=item.stem, meta=item.meta)
 
 
 def dropped(index: int, item: SourceItem) -> ImageJob:
@@ -146,6 +146,9 @@ def run_serial(source: Source, stages: Stages, restorer: Any, sink: Sink, *, bat
                 break
             pending = list(step)
             jobs = stages.prepare([new_job(i, it) for i, it in step], [it.load for _, it in step])
+            if stages.tracker is not None:
+                for job in jobs:
+                    stages.sequence(job)
             _restore_inline(stages, restorer, jobs, batch_size or restorer.limit, before_restore, on_faces)
             for job in jobs:
                 if job.status != "error":

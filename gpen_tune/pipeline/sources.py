@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -24,6 +24,7 @@ class SourceItem:
     name: str                                          # for messages and reports (a path, or "<array>")
     stem: str                                          # output name stem; sub-folders kept ("sub/name")
     load: Callable[[], Picture | np.ndarray | str]
+    meta: Any = None                                   # carried to the sink on the job (a frame's timestamp)
 
 
 class Source(Protocol):

@@ -67,11 +67,13 @@ class Stages:
         cut_on_device: cut the faces of device-pasted images on the device (one upload serves crop and paste).
         paste_impl: implementation of the device paste / crop kernels ("auto" | "triton" | "torch").
         save_faces: the sink writes host crops beside their restorations, so crops stay on the host.
+        tracker: for ordered sources (video): `update(detections) -> detections` called in source order
+            (tracking, landmark smoothing, gap filling) between detection and alignment, by `sequence`.
     """
 
     def __init__(self, settings: EnhanceSettings, size: int, device: torch.device, detector: Any = None,
                  parser: Any = None, *, face_crop: bool = True, cut_on_device: bool = True,
-                 paste_impl: str = "auto", save_faces: bool = False,
+                 paste_impl: str = "auto", save_faces: bool = False, tracker: Any = None,
                  notify: Callable[[str], None] = default_notify):
         self.settings = settings
         self.size = size
@@ -81,6 +83,7 @@ class Stages:
         self.face_crop = face_crop
         self.paste_impl = paste_impl
         self.save_faces = save_faces
+        self.tracker = tracker
         self.notify = notify
         self.one_kernel_paste = self.device_paste_possible and (
             paste_impl == "triton" or (paste_impl == "auto" and paste_op.available(device)))
@@ -132,8 +135,22 @@ class Stages:
             share = (time.perf_counter() - t) / len(live)
             for job, dets in zip(live, found, strict=True):
                 job.add_time("detect", share)
-                self.align(job, dets)
+                if self.tracker is None:
+                    self.align(job, dets)
+                else:
+                    job.detections = dets            # aligned by `sequence`, in source order
         return list(jobs)
+
+    def sequence(self, job: ImageJob) -> None:
+        """The ordered step of a tracked source: smooth this frame's detections against the earlier frames,
+        then align and cut. The scheduler calls it once per job, in source order."""
+        if job.status == "error" or job.detections is None:
+            return
+        dets, job.detections = job.detections, None
+        t = time.perf_counter()
+        dets = self.tracker.update(dets)
+        job.add_time("align", time.perf_counter() - t)
+        self.align(job, dets)
 
     def align(self, job: ImageJob, dets: list[Detection]) -> None:
         """Faces of `dets` aligned to the template, then cut (host or device)."""

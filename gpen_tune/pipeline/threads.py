@@ -123,6 +123,9 @@ class _Run:
         self._rest: Any = None                    # the feeder's iterator (what it never took, after a stop)
         self.in_q = _Queue(self.prepare_workers)
         self.ready_q = _Queue(self.max_inflight)
+        # a tracked (ordered) source: prepared jobs go through one sequencer thread, in source order
+        self.sequenced = stages.tracker is not None
+        self.seq_q = _Queue(self.max_inflight)
         self.finish_q = _Queue(2 * self.workers)
         self.result_q: queue.Queue = queue.Queue()   # unbounded but holds at most max_inflight results
         self.t = {"prepare_s": 0.0, "finish_s": 0.0, "gpu_wait_input_s": 0.0, "gpu_wait_output_s": 0.0,
@@ -228,7 +231,7 @@ class _Run:
                     return
         finally:
             if not self.stop.is_set():
-                self._put(self.ready_q, _DONE)
+                self._put(self.seq_q if self.sequenced else self.ready_q, _DONE)
 
     def _prepare_group(self, group: list[int]) -> bool:
         """Prepare a group with one detector call and queue each job for the GPU stage; False when stopping."""
@@ -245,23 +248,57 @@ class _Run:
         finally:
             self._add_time("prepare_s", time.perf_counter() - t0)
         for job in jobs:
-            if job.status == "error":
-                job.release()
-                self._post(job)
-                continue
-            try:
-                crops = self.stages.crops(job)
-            except Exception as exc:
-                self._fail(job, exc)
-                continue
-            if not self._put(self.ready_q, _JobState(job, crops, [None] * len(crops), len(crops))):
+            if self.sequenced:
+                if not self._put(self.seq_q, job):
+                    return False
+            elif not self._to_gpu(job):
                 return False
         return True
+
+    def _to_gpu(self, job: ImageJob) -> bool:
+        """A prepared job to the GPU stage (a failed one straight to the caller); False when stopping."""
+        if job.status == "error":
+            job.release()
+            self._post(job)
+            return True
+        try:
+            crops = self.stages.crops(job)
+        except Exception as exc:
+            self._fail(job, exc)
+            return True
+        return self._put(self.ready_q, _JobState(job, crops, [None] * len(crops), len(crops)))
+
+    def _sequencer(self) -> None:
+        """Prepared jobs in source order through `stages.sequence` (tracking), then to the GPU stage."""
+        waiting: dict[int, ImageJob] = {}
+        producers, next_index = self.prepare_workers, 0
+        try:
+            while producers:
+                item = self._get(self.seq_q)
+                if item is None:
+                    return
+                if item is _DONE:
+                    producers -= 1
+                    continue
+                waiting[item.index] = item
+                while next_index in waiting:
+                    job = waiting.pop(next_index)
+                    next_index += 1
+                    try:
+                        self.stages.sequence(job)
+                    except Exception as exc:
+                        self._fail(job, exc)
+                        continue
+                    if not self._to_gpu(job):
+                        return
+        finally:
+            if not self.stop.is_set():
+                self._put(self.ready_q, _DONE)
 
     def _gpu_stage(self) -> None:
         pending: list[tuple[_JobState, int]] = []    # faces waiting for a batch, arrival order
         inflight: tuple[Any, list[tuple[_JobState, int]]] | None = None
-        producers = self.prepare_workers
+        producers = 1 if self.sequenced else self.prepare_workers
         deadline = 0.0
         t_start = time.perf_counter()
         needs_host = self.stages.needs_host_restored if self.on_device else None
@@ -404,6 +441,8 @@ class _Run:
         threads = [threading.Thread(target=self._guard(self._feeder), name="gpen-feed", daemon=True)]
         threads += [threading.Thread(target=self._guard(self._prepare_worker), name=f"gpen-prep{i}", daemon=True)
                     for i in range(self.prepare_workers)]
+        if self.sequenced:
+            threads.append(threading.Thread(target=self._guard(self._sequencer), name="gpen-seq", daemon=True))
         threads.append(threading.Thread(target=self._guard(self._gpu_stage), name="gpen-gpu", daemon=True))
         threads += [threading.Thread(target=self._guard(self._finish_worker), name=f"gpen-fin{i}", daemon=True)
                     for i in range(self.workers)]
