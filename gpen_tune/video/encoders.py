@@ -9,7 +9,7 @@ container cannot hold falls back to one it can (webm: VP9; others: H.264), with 
 from __future__ import annotations
 
 from fractions import Fraction
-from functools import lru_cache
+from functools import cache
 
 import av
 import av.error
@@ -48,7 +48,7 @@ def family_of(codec: str) -> str:
 HARDWARE_SUFFIXES = ("_nvenc", "_qsv", "_vaapi", "_amf", "_videotoolbox")
 
 
-@lru_cache(maxsize=None)
+@cache
 def encoder_available(name: str) -> bool:
     """True when this FFmpeg build has the encoder and, for a hardware encoder, it opens here (NVENC needs an
     NVIDIA driver and GPU): software encoders in the build always open, so only hardware ones are tried."""

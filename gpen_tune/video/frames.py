@@ -11,10 +11,11 @@ from __future__ import annotations
 import queue
 from collections.abc import Iterable, Iterator
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 
-from gpen_tune.video.reader import Frame
+from gpen_tune.video.reader import Frame, VideoInfo
 
 DEFAULT_SINK_DEPTH = 8      # restored frames waiting for the consumer before `write` blocks
 
@@ -32,6 +33,15 @@ class ArrayFrameSource:
         self.expected_frames = expected_frames if expected_frames is not None else _len_or_none(frames)
         self._frames = frames
         self._used = False
+
+    def video_info(self, width: int, height: int, *, bit_depth: int = 8, codec: str = "h264") -> VideoInfo:
+        """A `VideoInfo` for writing these frames to a file with `VideoWriter` (no audio, BT.709 tags)."""
+        return VideoInfo(
+            path=Path("<frames>"), container="frames", codec=codec, width=width, height=height, fps=self.fps,
+            time_base=self.time_base, start_pts=0, frame_count=self.expected_frames, duration_s=None,
+            pix_fmt="yuv420p10le" if bit_depth > 8 else "yuv420p", bit_depth=bit_depth, rotation=0,
+            color_primaries=1, color_trc=1, colorspace=1, color_range=1,
+        )
 
     def __iter__(self) -> Iterator[Frame]:
         if self._used:

@@ -21,7 +21,12 @@ from typing import NamedTuple
 import av
 import av.error
 import numpy as np
+from av.video.reformatter import Interpolation
 
+# swscale flags for 8-bit RGB <-> YUV: with the defaults each round trip darkens by about one grey level (chroma
+# rounding); bilinear + accurate rounding + full chroma interpolation keeps the mean within 0.1. At 16 bits the
+# defaults are unbiased and these flags garble the chroma in this FFmpeg, so they are for 8 bits only.
+SWS_FLAGS_8BIT = Interpolation.BILINEAR | Interpolation.ACCURATE_RND | Interpolation.FULL_CHR_H_INT
 MAX_LISTED_PTS = 64               # corrupt / filled frame timestamps kept in the report (the counts are exact)
 
 
@@ -158,6 +163,20 @@ def _rotation(first: av.VideoFrame, stream) -> int:
     return int(round(rot)) % 360
 
 
+def _duration(container, stream) -> float | None:
+    """The video stream's own duration (mkv: its DURATION tag), else the container's (which spans all streams)."""
+    if stream.duration is not None and stream.time_base:
+        return float(stream.duration * stream.time_base)
+    tag = stream.metadata.get("DURATION") or stream.metadata.get("duration")
+    if tag and tag.count(":") == 2:
+        hours, minutes, seconds = tag.split(":")
+        try:
+            return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+        except ValueError:
+            pass
+    return container.duration / av.time_base if container.duration else None
+
+
 def _side_streams(container) -> tuple[tuple[SideStream, ...], tuple[SideStream, ...]]:
     audio = tuple(
         SideStream(s.index, "audio", s.codec_context.name if s.codec_context else "unknown", s.language,
@@ -182,8 +201,13 @@ def _first_frame(container, stream, path: Path) -> av.VideoFrame:
                     return frame
             except av.error.InvalidDataError:
                 failures += 1
+        for frame in stream.decode(None):       # a clip shorter than the decoder's delay
+            return frame
+    except av.error.EOFError:
+        pass
     except av.error.FFmpegError as e:
-        raise _fail(path, f"unreadable after {failures} bad packet(s) ({_reason(e)}); the file may be truncated") from None
+        raise _fail(path, f"unreadable after {failures} bad packet(s) ({_reason(e)}); "
+                          "the file may be truncated") from None
     if failures:
         raise _fail(path, f"no frame of its {stream.codec_context.name} stream decodes; the file is corrupt")
     raise _fail(path, "has a video stream with zero frames")
@@ -202,11 +226,7 @@ def probe(path: str | Path) -> VideoInfo:
         first = _first_frame(container, stream, path)
         cc = stream.codec_context
         fps = stream.average_rate or stream.guessed_rate or stream.base_rate or Fraction(25)
-        duration = None
-        if stream.duration is not None and stream.time_base:
-            duration = float(stream.duration * stream.time_base)
-        elif container.duration:
-            duration = container.duration / av.time_base
+        duration = _duration(container, stream)
         pix_fmt = cc.pix_fmt or first.format.name
         audio, subs = _side_streams(container)
         return VideoInfo(
@@ -265,27 +285,32 @@ class VideoReader:
             container.close()
 
     def _decode(self, container, stream) -> Iterator[Frame]:
-        """Decode in packet order; a failed packet's timestamp waits in `missing` until the decoder passes it."""
-        missing: list[int] = []            # pts of packets that failed, sorted
+        """Decode in packet order, remembering each packet's pts until its frame comes out. Frames come out in
+        pts order, so the pts still waiting below an output frame's belong to frames the decoder failed on
+        (with frame threads the error surfaces a few packets later, so the failing send is not the culprit)."""
+        waiting: list[int] = []            # pts of packets sent whose frame has not come out, sorted
+        errors = 0
         last: np.ndarray | None = None
         last_pts: int | None = None
         step = _pts_step(self.info)
         try:
             for packet in container.demux(stream):
+                if packet.size and packet.pts is not None and not packet.is_discard:
+                    bisect.insort(waiting, packet.pts)
                 try:
                     decoded = stream.decode(packet)
                 except av.error.InvalidDataError:
-                    if packet.pts is not None:
-                        bisect.insort(missing, packet.pts)
-                    else:
-                        self._count_lost_or_filled(last, None)
+                    errors += 1
                     continue
                 for frame in decoded:
                     pts = frame.pts if frame.pts is not None else (0 if last_pts is None else last_pts + step)
-                    while missing and missing[0] < pts:
-                        fill = self._fill(last, missing.pop(0))
-                        if fill is not None:
-                            yield fill
+                    at = bisect.bisect_left(waiting, pts)
+                    if at < len(waiting) and waiting[at] == pts:
+                        for missed in waiting[:at]:
+                            fill = self._fill(last, missed)
+                            if fill is not None:
+                                yield fill
+                        del waiting[:at + 1]
                     image = self._to_array(frame)
                     if frame.is_corrupt:
                         self.report.corrupt += 1
@@ -296,28 +321,26 @@ class VideoReader:
         except av.error.FFmpegError as e:
             raise _fail(self.path, f"unreadable after frame {self.report.frames} ({_reason(e)}); "
                                    "the file may be truncated") from None
-        for pts in missing:
-            fill = self._fill(last, pts)
+        for missed in waiting if errors else ():   # without errors, leftovers are frames the container drops
+            fill = self._fill(last, missed)
             if fill is not None:
                 yield fill
 
     def _fill(self, last: np.ndarray | None, pts: int) -> Frame | None:
-        if self._count_lost_or_filled(last, pts):
-            self.report.frames += 1
-            return Frame(last, pts, self.info.time_base)
-        return None
-
-    def _count_lost_or_filled(self, last: np.ndarray | None, pts: int | None) -> bool:
-        if last is None or pts is None:
+        """The previous good frame at `pts`, or None (counted as lost) before the first good one."""
+        if last is None:
             self.report.lost += 1
-            return False
+            return None
         self.report.filled += 1
+        self.report.frames += 1
         _note(self.report.filled_pts, pts)
-        return True
+        return Frame(last, pts, self.info.time_base)
 
     def _to_array(self, frame: av.VideoFrame) -> np.ndarray:
-        fmt = "rgb48le" if self.info.bit_depth > 8 else "rgb24"
-        image = frame.to_ndarray(format=fmt)
+        if self.info.bit_depth > 8:
+            image = frame.to_ndarray(format="rgb48le")
+        else:
+            image = frame.to_ndarray(format="rgb24", interpolation=SWS_FLAGS_8BIT)
         if self.upright and self.info.rotation % 90 == 0 and self.info.rotation:
             image = np.ascontiguousarray(np.rot90(image, k=self.info.rotation // 90))
         return image

@@ -22,7 +22,7 @@ import numpy as np
 from av.video.reformatter import Colorspace
 
 from gpen_tune.video.encoders import OUTPUT_FORMATS, EncoderError, pick_encoder
-from gpen_tune.video.reader import VideoInfo
+from gpen_tune.video.reader import SWS_FLAGS_8BIT, VideoInfo
 
 AUDIO_REENCODE = {"webm": ("libopus", 48000, 960)}           # ext -> (encoder, sample rate, samples per frame)
 AUDIO_DEFAULT = ("aac", None, 1024)                          # None: keep the source's sample rate
@@ -31,12 +31,12 @@ TEXT_SUBTITLE = {"mp4": "mov_text", "mov": "mov_text", "mkv": "ass", "webm": "we
 SWS_MATRIX = {1: Colorspace.ITU709, 4: Colorspace.FCC, 5: Colorspace.ITU601, 6: Colorspace.ITU601,
               7: Colorspace.SMPTE240M, 9: Colorspace.BT2020, 10: Colorspace.BT2020}
 DEFAULT_ASS_HEADER = (
-    "[Script Info]\nScriptType: v4.00+\nPlayResX: 384\nPlayResY: 288\n\n[V4+ Styles]\n"
-    "Format: Name, Fontname, Fontsize, PrimaryColour, SecondaryColour, OutlineColour, BackColour, Bold, Italic, "
-    "Underline, StrikeOut, ScaleX, ScaleY, Spacing, Angle, BorderStyle, Outline, Shadow, Alignment, MarginL, "
-    "MarginR, MarginV, Encoding\nStyle: Default,Arial,16,&Hffffff,&Hffffff,&H0,&H0,0,0,0,0,100,100,0,0,1,1,0,2,"
-    "10,10,10,0\n\n[Events]\nFormat: Layer, Start, End, Style, Name, MarginL, MarginR, MarginV, Effect, Text\n"
-).encode()
+    b"[Script Info]\nScriptType: v4.00+\nPlayResX: 384\nPlayResY: 288\n\n[V4+ Styles]\n"
+    b"Format: Name, Fontname, Fontsize, PrimaryColour, SecondaryColour, OutlineColour, BackColour, Bold, Italic, "
+    b"Underline, StrikeOut, ScaleX, ScaleY, Spacing, Angle, BorderStyle, Outline, Shadow, Alignment, MarginL, "
+    b"MarginR, MarginV, Encoding\nStyle: Default,Arial,16,&Hffffff,&Hffffff,&H0,&H0,0,0,0,0,100,100,0,0,1,1,0,2,"
+    b"10,10,10,0\n\n[Events]\nFormat: Layer, Start, End, Style, Name, MarginL, MarginR, MarginV, Effect, Text\n"
+)
 
 
 class VideoWriteError(RuntimeError):
@@ -233,11 +233,11 @@ class VideoWriter:
         h, w = image.shape[:2]
         if (w, h) != (self.info.width, self.info.height):
             raise ValueError(f"frame is {w}x{h}, the video is {self.info.width}x{self.info.height}")
-        fmt = "rgb48le" if image.dtype == np.uint16 else "rgb24"
-        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format=fmt)
-        matrix = SWS_MATRIX.get(self.info.colorspace)
-        range_ = self.info.color_range or None
-        frame = frame.reformat(format=self.pix_fmt, dst_colorspace=matrix, dst_color_range=range_)
+        deep = image.dtype == np.uint16
+        frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb48le" if deep else "rgb24")
+        frame = frame.reformat(format=self.pix_fmt, dst_colorspace=SWS_MATRIX.get(self.info.colorspace),
+                               dst_color_range=self.info.color_range or None,
+                               interpolation=None if deep else SWS_FLAGS_8BIT)
         frame.pts, frame.time_base = int(pts), self.info.time_base
         self.out.mux(self.video.encode(frame))
         self.frames += 1
@@ -248,6 +248,9 @@ class VideoWriter:
         """Flush the encoder, add the rest of the audio and subtitles, and rename the file into place."""
         if self._closed:
             return self.dst
+        if self.frames == 0:
+            self.abort(quiet=True)
+            raise VideoWriteError(f"{self.dst}: no frames were written; no file left")
         try:
             self.out.mux(self.video.encode(None))
             if self.side is not None:

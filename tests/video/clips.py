@@ -43,7 +43,7 @@ def make_clip(path: Path, n: int = 30, *, size=(320, 240), fps: int = 25, pts_ms
               frames=None) -> Path:
     """Write a clip; `pts_ms`: each frame's time in milliseconds (variable frame rate), else a constant `fps`."""
     ext = path.suffix.lstrip(".")
-    pts_ms = pts_ms or [round(i * 1000 / fps) for i in range(n)]
+    pts_ms = [round(i * 1000 / fps) for i in range(n)] if pts_ms is None else pts_ms
     out = av.open(str(path), "w")
     vs = None
     if video:
@@ -80,6 +80,8 @@ def make_clip(path: Path, n: int = 30, *, size=(320, 240), fps: int = 25, pts_ms
             p = s.codec_context.encode_subtitle(sub)
             p.stream, p.pts, p.dts, p.duration, p.time_base = s, start, start, end - start, MS
             out.mux(p)
+    if not pts_ms and not audio and not subtitles:
+        out.start_encoding()                 # a header with a video stream and no packets: "zero frames"
     out.close()
     return path
 
