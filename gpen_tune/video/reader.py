@@ -60,7 +60,7 @@ class VideoInfo:
 
     path: Path
     container: str                # demuxer name, e.g. "mov,mp4,m4a,3gp,3g2,mj2", "matroska,webm"
-    codec: str                    # video codec name, e.g. "h264", "hevc", "vp9"
+    codec: str                    # video codec (family) name, e.g. "h264", "hevc", "vp9", "av1"
     width: int                    # coded size (before rotation)
     height: int
     fps: Fraction                 # average frame rate (a guess for variable frame rate streams)
@@ -179,13 +179,15 @@ def _duration(container, stream) -> float | None:
 
 def _side_streams(container) -> tuple[tuple[SideStream, ...], tuple[SideStream, ...]]:
     audio = tuple(
-        SideStream(s.index, "audio", s.codec_context.name if s.codec_context else "unknown", s.language,
+        SideStream(s.index, "audio", s.codec_context.codec.canonical_name if s.codec_context else "unknown",
+                   s.language,
                    s.codec_context.sample_rate if s.codec_context else None,
                    s.codec_context.channels if s.codec_context else None)
         for s in container.streams.audio
     )
     subs = tuple(
-        SideStream(s.index, "subtitle", s.codec_context.name if s.codec_context else "unknown", s.language)
+        SideStream(s.index, "subtitle", s.codec_context.codec.canonical_name if s.codec_context else "unknown",
+                   s.language)
         for s in container.streams.subtitles
     )
     return audio, subs
@@ -230,7 +232,7 @@ def probe(path: str | Path) -> VideoInfo:
         pix_fmt = cc.pix_fmt or first.format.name
         audio, subs = _side_streams(container)
         return VideoInfo(
-            path=path, container=container.format.name, codec=cc.name, width=cc.width or first.width,
+            path=path, container=container.format.name, codec=cc.codec.canonical_name, width=cc.width or first.width,
             height=cc.height or first.height, fps=Fraction(fps), time_base=Fraction(stream.time_base),
             start_pts=stream.start_time, frame_count=stream.frames or None, duration_s=duration, pix_fmt=pix_fmt,
             bit_depth=av.video.format.VideoFormat(pix_fmt).components[0].bits, rotation=_rotation(first, stream),

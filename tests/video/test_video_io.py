@@ -54,7 +54,7 @@ def test_probe_reads_size_rate_count_duration_and_side_streams(tmp_path):
 
     mkv = probe(make_clip(tmp_path / "a.mkv", 30, fps=25))
     assert mkv.frame_count is None and mkv.expected_frames == 30      # mkv headers carry no frame count
-    assert [s.codec for s in mkv.subtitles] == ["ssa"]
+    assert [s.codec for s in mkv.subtitles] == ["ass"]
 
 
 @pytest.mark.parametrize("ext", ["mp4", "mkv"])
