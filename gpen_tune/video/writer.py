@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
@@ -66,12 +67,23 @@ def pick_pix_fmt(codec: str, src_pix_fmt: str, bit_depth: int) -> tuple[str, str
     return ("yuv420p" if "yuv420p" in formats else formats[0]), None
 
 
+@dataclass
+class _Plan:
+    """What happens to one source stream's packets."""
+
+    kind: str                                  # "copy" | "audio" (re-encoded) | "subtitle" (converted)
+    stream: object                             # the output stream
+    resampler: av.AudioResampler | None = None
+    rate: int = 0                              # output sample rate (audio)
+    next_pts: int | None = None                # next output audio pts, in 1/rate
+
+
 class _SideStreams:
     """The source's audio and subtitle streams: copied packets or re-encoded ones, muxed in time order."""
 
     def __init__(self, out, info: VideoInfo, ext: str, notes: list[str]):
         self.out = out
-        self.plans: dict[int, tuple] = {}      # source index -> ("copy", out) | ("audio", out, resampler, rate)...
+        self.plans: dict[int, _Plan] = {}      # source stream index -> plan
         self.source = None
         self.pending = None
         self.packets: Iterator | None = None
@@ -89,7 +101,7 @@ class _SideStreams:
     def _plan(self, src, ext: str, notes: list[str]):
         name = src.codec_context.name if src.codec_context else None
         if name and name in self.out.supported_codecs:
-            return ("copy", self.out.add_stream_from_template(src))
+            return _Plan("copy", self.out.add_stream_from_template(src))
         if src.type == "audio":
             enc, rate, frame_size = AUDIO_REENCODE.get(ext, AUDIO_DEFAULT)
             rate = rate or src.codec_context.sample_rate
@@ -99,13 +111,13 @@ class _SideStreams:
             fmt = av.codec.Codec(enc, "w").audio_formats[0].name
             resampler = av.AudioResampler(format=fmt, layout=layout, rate=rate, frame_size=frame_size)
             notes.append(f"audio stream {src.index} ({name}) cannot go into .{ext}: re-encoded to {enc}")
-            return ("audio", stream, resampler, rate, [None])
+            return _Plan("audio", stream, resampler, rate)
         if src.codec_context is not None and av.codec.Codec(name, "r").text_sub:
             stream = self.out.add_stream(TEXT_SUBTITLE[ext])
             stream.codec_context.subtitle_header = src.codec_context.subtitle_header or DEFAULT_ASS_HEADER
             notes.append(f"subtitle stream {src.index} ({name}) cannot go into .{ext}: "
                          f"converted to {TEXT_SUBTITLE[ext]}")
-            return ("subtitle", stream)
+            return _Plan("subtitle", stream)
         notes.append(f"subtitle stream {src.index} ({name}, a picture format) cannot go into .{ext}: left out")
         return None
 
@@ -126,11 +138,11 @@ class _SideStreams:
 
     def _mux(self, packet) -> None:
         plan = self.plans[packet.stream.index]
-        kind, stream = plan[0], plan[1]
-        if kind == "copy":
+        stream = plan.stream
+        if plan.kind == "copy":
             packet.stream = stream
             self.out.mux(packet)
-        elif kind == "audio":
+        elif plan.kind == "audio":
             for frame in packet.decode():
                 self._encode_audio(plan, frame)
         else:
@@ -144,28 +156,24 @@ class _SideStreams:
             out_packet.time_base = packet.time_base
             self.out.mux(out_packet)
 
-    def _encode_audio(self, plan, frame) -> None:
-        _, stream, resampler, rate, next_pts = plan
-        for out_frame in resampler.resample(frame):
-            if next_pts[0] is None:              # start where the source's audio starts
-                next_pts[0] = round(frame.pts * frame.time_base * rate) if frame.pts is not None else 0
-            out_frame.pts, out_frame.time_base = next_pts[0], Fraction(1, rate)
-            next_pts[0] += out_frame.samples
-            self.out.mux(stream.encode(out_frame))
+    def _encode_audio(self, plan: _Plan, frame) -> None:
+        if plan.next_pts is None:                # start where the source's audio starts
+            plan.next_pts = round(frame.pts * frame.time_base * plan.rate) if frame.pts is not None else 0
+        for out_frame in plan.resampler.resample(frame):
+            self._encode_resampled(plan, out_frame)
+
+    def _encode_resampled(self, plan: _Plan, out_frame) -> None:
+        out_frame.pts, out_frame.time_base = plan.next_pts or 0, Fraction(1, plan.rate)
+        plan.next_pts = (plan.next_pts or 0) + out_frame.samples
+        self.out.mux(plan.stream.encode(out_frame))
 
     def finish(self) -> None:
         self.mux_until(None)
         for plan in self.plans.values():
-            if plan[0] == "audio":
-                for out_frame in plan[2].resample(None):
-                    self._encode_tail(plan, out_frame)
-                self.out.mux(plan[1].encode(None))
-
-    def _encode_tail(self, plan, out_frame) -> None:
-        stream, rate, next_pts = plan[1], plan[3], plan[4]
-        out_frame.pts, out_frame.time_base = next_pts[0] or 0, Fraction(1, rate)
-        next_pts[0] = (next_pts[0] or 0) + out_frame.samples
-        self.out.mux(stream.encode(out_frame))
+            if plan.kind == "audio":
+                for out_frame in plan.resampler.resample(None):
+                    self._encode_resampled(plan, out_frame)
+                self.out.mux(plan.stream.encode(None))
 
     def close(self) -> None:
         if self.source is not None:
