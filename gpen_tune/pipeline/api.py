@@ -94,13 +94,13 @@ class Pipeline:
             self._parser = FaceParser(self.device, self.settings.parse_weights)
         return self._parser
 
-    def stages(self, service: str = "inline", save_faces: bool = False) -> Stages:
+    def stages(self, service: str = "inline", save_faces: bool = False, tracker: Any = None) -> Stages:
         s = self.settings
         detector = None if s.aligned else self.detector(service)
         parser = self.parser if s.parse_mask and not s.aligned and s.strength > 0 else None
         return Stages(s, self.size, self.device, detector, parser, face_crop=self.tune.face_crop,
                       cut_on_device=self.cut_on_device, paste_impl=self.paste_impl, save_faces=save_faces,
-                      notify=self.notify)
+                      tracker=tracker, notify=self.notify)
 
     def prepare(self) -> str | None:
         """Build the detector and the parser now, so a missing weights file fails before any image; returns the
@@ -114,20 +114,22 @@ class Pipeline:
     # -- running -----------------------------------------------------------------------------------------------
     def run(self, source: Source, sink: Sink, *, serial: bool = False,
             config: SchedulerConfig = SchedulerConfig(), on_result: Callable[[ImageJob], None] | None = None,
-            on_faces: Callable[[int], None] | None = None, save_faces: bool = False) -> RunSummary:
+            on_faces: Callable[[int], None] | None = None, save_faces: bool = False,
+            tracker: Any = None) -> RunSummary:
         """Every item of `source` into `sink`: the serial path inline, else the threaded scheduler.
 
         `on_result(job)` is called per finished image, `on_faces(n)` as each batch of n faces is restored (both in
-        the calling thread for the serial path; `on_faces` from the GPU stage's thread when threaded)."""
+        the calling thread for the serial path; `on_faces` from the GPU stage's thread when threaded).
+        `tracker`: for an ordered source (video), called in source order between detection and alignment."""
         release = self._release_hook()
         if serial:
-            stages = self.stages("inline", save_faces)
+            stages = self.stages("inline", save_faces, tracker)
             return run_serial(source, stages, self.restorer, sink, batch_size=self.settings.batch_size,
                               on_result=on_result, on_faces=on_faces, before_restore=release)
         if self.settings.detector_process and self.tune.lazy_detector:
             raise ValueError("--detector-process runs the detector in its own process, which --lazy-detector "
                              "cannot release: choose one")
-        stages = self.stages("process" if self.settings.detector_process else "thread", save_faces)
+        stages = self.stages("process" if self.settings.detector_process else "thread", save_faces, tracker)
         return run_threaded(source, stages, self.restorer, sink, config, on_result=on_result, on_faces=on_faces,
                             before_restore=release)
 

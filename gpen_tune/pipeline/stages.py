@@ -67,7 +67,7 @@ class Stages:
         cut_on_device: cut the faces of device-pasted images on the device (one upload serves crop and paste).
         paste_impl: implementation of the device paste / crop kernels ("auto" | "triton" | "torch").
         save_faces: the sink writes host crops beside their restorations, so crops stay on the host.
-        tracker: for ordered sources (video): `update(detections) -> detections` called in source order
+        tracker: for ordered sources (video): `update(detections, meta) -> detections` called in source order
             (tracking, landmark smoothing, gap filling) between detection and alignment, by `sequence`.
     """
 
@@ -148,7 +148,7 @@ class Stages:
             return
         dets, job.detections = job.detections, None
         t = time.perf_counter()
-        dets = self.tracker.update(dets)
+        dets = self.tracker.update(dets, job.meta)
         job.add_time("align", time.perf_counter() - t)
         self.align(job, dets)
 
