@@ -21,7 +21,7 @@ import torch
 from gpen_tune.face.detect import default_notify, init_detector
 from gpen_tune.imageio import ImageReadError, Picture
 from gpen_tune.pipeline.job import ImageJob
-from gpen_tune.pipeline.outputs import OutputNaming, check_output_dir, collect_inputs, plan_outputs
+from gpen_tune.pipeline.outputs import OutputNaming, check_output_dir, collect_inputs, is_video, plan_outputs
 from gpen_tune.pipeline.scheduler import RunSummary, SchedulerConfig, run_serial
 from gpen_tune.pipeline.settings import EnhanceSettings, resolve_device, resolve_weights
 from gpen_tune.pipeline.sinks import FileSink, MemorySink, Sink
@@ -194,14 +194,16 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
             existing: str = "refuse", save_faces: bool = False, save_comparison: bool = False,
             serial: bool | None = None, config: SchedulerConfig = SchedulerConfig(),
             on_result: Callable[[ImageJob], None] | None = None, on_faces: Callable[[int], None] | None = None,
-            on_start: Callable[[int], None] | None = None,
+            on_start: Callable[[int], None] | None = None, video: VideoOptions | None = None,
             notify: Callable[[str], None] = default_notify) -> EnhanceResult:
     """Restore every face of every image named by `inputs` (files, folders, globs) into `outdir`.
 
     Outputs are planned before any work (two inputs on one output, or an output onto an input, raise
     `OutputError`); an existing output is refused, replaced or kept by `existing` ("refuse" | "overwrite" |
     "skip"). Several inputs take the threaded scheduler, one input (or `serial=True`) the serial path.
-    `on_start(n)` is told how many images will run, before the first.
+    Videos among the inputs go through the same pipeline one after the other (`video`: codec, quality,
+    smoothing), each written whole or not at all. `on_start(n)` is told how many images and video frames will
+    run, before the first.
     """
     names = [inputs] if isinstance(inputs, str | Path) else list(inputs)
     found = collect_inputs([str(n) for n in names], recursive)
@@ -211,23 +213,83 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
     plan = plan_outputs(found.files, naming, existing)
     refused = [_job_for(i, found.files[i], "error", msg) for i, msg in plan.refused.items()]
     skipped = [_job_for(i, found.files[i], "skipped", msg) for i, msg in plan.skipped.items()]
-    todo = [found.files[i] for i in plan.run]
-    index_of = list(plan.run)
+    photos = [i for i in plan.run if not is_video(found.files[i][0])]
+    videos = [i for i in plan.run if is_video(found.files[i][0])]
     if on_start is not None:
-        on_start(len(todo))
+        on_start(len(photos) + sum(_expected_frames(found.files[i][0]) for i in videos))
     own = pipeline is None
     pipe = pipeline or Pipeline(settings, tune, notify=notify)
     try:
-        source = FileSource([p for p, _ in todo], [s for _, s in todo])
+        source = FileSource([found.files[i][0] for i in photos], [found.files[i][1] for i in photos])
         sink = FileSink(naming, save_faces, save_comparison)
-        summary = pipe.run(source, sink, serial=len(todo) <= 1 if serial is None else serial, config=config,
+        summary = pipe.run(source, sink, serial=len(photos) <= 1 if serial is None else serial, config=config,
                            on_result=on_result, on_faces=on_faces, save_faces=save_faces)
+        for job in summary.results:                      # back to the numbering of all inputs
+            job.index = photos[job.index]
+        for i in videos:
+            if summary.interrupted:
+                summary.results.append(_job_for(i, found.files[i], "dropped", f"{found.files[i][0]}: not "
+                                                "processed (interrupted)"))
+                continue
+            job, interrupted = _run_video(pipe, i, found.files[i], naming, video, config, on_result, on_faces,
+                                          notify)
+            summary.results.append(job)
+            summary.interrupted = summary.interrupted or interrupted
     finally:
         if own:
             pipe.close()
-    for job in summary.results:                          # back to the numbering of all inputs
-        job.index = index_of[job.index]
     return EnhanceResult(summary, found.missing, found.passed_over, refused, skipped)
+
+
+@dataclass(frozen=True)
+class VideoOptions:
+    """How videos are written: encoder (None = the input's codec family), quality, landmark smoothing."""
+
+    codec: str | None = None
+    crf: float | None = None
+    smooth: bool = True
+
+
+def _expected_frames(path: Path) -> int:
+    from gpen_tune.video.reader import VideoReadError, probe  # optional: PyAV, only when videos are given
+
+    try:
+        return probe(path).expected_frames or 0
+    except VideoReadError:
+        return 0
+
+
+def _run_video(pipe: Pipeline, index: int, file: tuple[Path, str], naming: OutputNaming,
+               options: VideoOptions | None, config: SchedulerConfig, on_result, on_faces, notify
+               ) -> tuple[ImageJob, bool]:
+    """One video as one job of the run's results (its frames' own jobs stay inside); (job, interrupted)."""
+    from gpen_tune.video.reader import VideoReadError
+    from gpen_tune.video.stream import enhance_video
+    from gpen_tune.video.writer import VideoWriteError
+
+    options = options or VideoOptions()
+    path, stem = file
+    job = ImageJob(source=str(path), index=index, stem=stem)
+    dst = naming.planned(stem, path)
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        result = enhance_video(path, dst, pipe, codec=options.codec, crf=options.crf, smooth=options.smooth,
+                               config=config, on_result=on_result, on_faces=on_faces, notify=notify)
+    except (VideoReadError, VideoWriteError, OSError, ValueError) as e:
+        job.fail(" ".join(str(e).split()) if str(path) in str(e) else f"{path}: {' '.join(str(e).split())}")
+        return job, False
+    frames = result.summary.results
+    job.video = {"frames": result.frames, "faces": result.faces, "decode_problems": result.decode_problems,
+                 "passed_through": result.passed_through, "notes": result.notes,
+                 "frame_errors": sum(f.status == "error" for f in frames)}
+    for frame in frames:
+        for k, v in frame.timings.items():
+            job.add_time(k, v)
+    job.output = result.output
+    job.status = "dropped" if result.summary.interrupted else "ok"
+    if result.summary.interrupted:
+        job.error = f"{path}: interrupted after {result.frames} frames; no partial file written"
+    return job, result.summary.interrupted
 
 
 def _job_for(index: int, file: tuple[Path, str], status: str, message: str) -> ImageJob:

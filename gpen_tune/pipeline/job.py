@@ -43,6 +43,11 @@ class ImageJob:
     nonfinite_faces: int = 0             # faces the generator returned non-finite for (left as the input)
     meta: Any = None                     # the source item's meta, for the sink (a video frame's timestamp)
     detections: list[Detection] | None = None   # kept for an ordered step (tracking) before alignment
+    video: dict[str, Any] | None = None  # a whole video's outcome (frames, faces, notes) when this job is one
+
+    @property
+    def face_count(self) -> int:
+        return int(self.video["faces"]) if self.video is not None else len(self.faces)
 
     def add_time(self, stage: str, seconds: float) -> None:
         self.timings[stage] = self.timings.get(stage, 0.0) + seconds
@@ -65,7 +70,8 @@ class ImageJob:
             "error": self.error,
             "size": None if self.size is None else list(self.size),
             "faces": [f.detection.to_dict() for f in self.faces if f.detection is not None],
-            "n_faces": len(self.faces),
+            "n_faces": self.face_count,
+            "video": self.video,
             "nonfinite_faces": self.nonfinite_faces,
             "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
         }

@@ -19,6 +19,13 @@ from pathlib import Path
 from gpen_tune.imageio import EXT_TO_FORMAT, INPUT_EXTENSIONS, Picture, output_format
 
 PATTERN_FIELDS = ("name", "suffix", "ext")
+VIDEO_INPUTS = ("mp4", "mkv", "mov", "webm", "avi", "m4v")      # read through PyAV
+VIDEO_OUTPUTS = ("mp4", "mkv", "mov", "webm")
+ALL_INPUTS = (*INPUT_EXTENSIONS, *VIDEO_INPUTS)
+
+
+def is_video(path: Path) -> bool:
+    return path.suffix.lower().lstrip(".") in VIDEO_INPUTS
 EXISTING_POLICIES = ("refuse", "overwrite", "skip")
 
 
@@ -40,12 +47,12 @@ def _passed_over_reason(p: Path) -> str | None:
     """Why a folder entry that looks like an input is not one (None: it is an input, or not image-like)."""
     suffix = p.suffix.lower().lstrip(".")
     if p.is_symlink() and not p.exists():
-        return "dangling or looping symbolic link" if suffix in INPUT_EXTENSIONS else None
+        return "dangling or looping symbolic link" if suffix in ALL_INPUTS else None
     if p.is_dir():
-        return "a folder with an image name" if suffix in INPUT_EXTENSIONS else None
+        return "a folder with an image name" if suffix in ALL_INPUTS else None
     if suffix in ("gif",):
         return "GIF is not an input format (convert it to PNG)"
-    if suffix in INPUT_EXTENSIONS and not os.access(p, os.R_OK):
+    if suffix in ALL_INPUTS and not os.access(p, os.R_OK):
         return "not readable (permission denied)"
     return None
 
@@ -67,7 +74,7 @@ def _walk(folder: Path, recursive: bool, passed_over: list[str]) -> list[Path]:
             reason = _passed_over_reason(p)
             if reason:
                 passed_over.append(f"{p}: {reason}")
-            elif p.is_file() and p.suffix.lower().lstrip(".") in INPUT_EXTENSIONS:
+            elif p.is_file() and p.suffix.lower().lstrip(".") in ALL_INPUTS:
                 found.append(p)
         if not recursive:
             break
@@ -87,14 +94,15 @@ def collect_inputs(inputs: list[str], recursive: bool = False) -> Inputs:
         if path.is_dir():
             files = _walk(path, recursive, result.passed_over)
             if not files:
-                result.missing.append(f"{item}: folder has no jpg/png/webp/bmp/tiff images"
+                result.missing.append(f"{item}: folder has no images or videos (jpg/png/webp/bmp/tiff, "
+                                      "mp4/mkv/mov/webm)"
                                       + ("" if recursive else " (use --recursive for sub-folders)"))
             result.files += [(p, p.relative_to(path).with_suffix("").as_posix()) for p in files]
         elif path.is_file():
             result.files.append((path, path.stem))
         elif glob.has_magic(item):
             files = sorted(Path(p) for p in glob.glob(os.path.expanduser(item), recursive=recursive))
-            images = [p for p in files if p.is_file() and p.suffix.lower().lstrip(".") in INPUT_EXTENSIONS]
+            images = [p for p in files if p.is_file() and p.suffix.lower().lstrip(".") in ALL_INPUTS]
             if not images:
                 result.missing.append(f"{item}: no image matches this pattern")
             result.files += [(p, p.stem) for p in images]
@@ -144,8 +152,8 @@ def check_pattern(pattern: str) -> None:
 
 
 def check_ext(ext: str | None) -> None:
-    if ext is not None and ext.lower().lstrip(".") not in EXT_TO_FORMAT:
-        raise OutputError(f"--ext {ext}: unsupported; use one of {', '.join(EXT_TO_FORMAT)}")
+    if ext is not None and ext.lower().lstrip(".") not in (*EXT_TO_FORMAT, *VIDEO_OUTPUTS):
+        raise OutputError(f"--ext {ext}: unsupported; use one of {', '.join((*EXT_TO_FORMAT, *VIDEO_OUTPUTS))}")
 
 
 @dataclass
@@ -162,11 +170,25 @@ class OutputNaming:
         check_pattern(self.pattern)
         check_ext(self.ext)
 
+    @property
+    def photo_ext(self) -> str | None:
+        """--ext when it names a photo format (a video format applies to videos only)."""
+        return self.ext if self.ext and self.ext.lower().lstrip(".") in EXT_TO_FORMAT else None
+
+    @property
+    def video_ext(self) -> str | None:
+        return self.ext.lower().lstrip(".") if self.ext and self.ext.lower().lstrip(".") in VIDEO_OUTPUTS else None
+
     def planned(self, stem: str, source: Path | None) -> Path:
-        """The output path known before decoding: the extension comes from --ext or the input's suffix."""
-        ext = (self.ext or (source.suffix.lstrip(".") if source is not None else "") or "png").lower().lstrip(".")
-        if ext not in EXT_TO_FORMAT:
-            ext = "png"
+        """The output path known before decoding: the extension comes from --ext (when it names the input's
+        kind, photo or video) or the input's own suffix."""
+        own = (source.suffix.lstrip(".") if source is not None else "").lower()
+        if source is not None and is_video(source):
+            ext = self.video_ext or (own if own in VIDEO_OUTPUTS else "mp4")
+        else:
+            ext = (self.photo_ext or own or "png").lower().lstrip(".")
+            if ext not in EXT_TO_FORMAT:
+                ext = "png"
         return self.path(stem, ext)
 
     def path(self, stem: str, ext: str) -> Path:
@@ -175,7 +197,7 @@ class OutputNaming:
 
     def path_for(self, picture: Picture, stem: str) -> tuple[Path, str]:
         """(path, Pillow format) once the picture is decoded (its format decides when --ext is not given)."""
-        fmt, ext = output_format(self.ext, picture)
+        fmt, ext = output_format(self.photo_ext, picture)
         return self.path(stem, ext), fmt
 
 

@@ -36,7 +36,7 @@ def summarize(result: Any, wall: float) -> dict[str, Any]:
     """Counts, rates and per-stage totals of an `EnhanceResult`."""
     jobs = result.jobs
     ok = [j for j in jobs if j.status == "ok"]
-    faces = sum(len(j.faces) for j in ok)
+    faces = sum(j.face_count for j in ok)
     totals = {s: sum(j.timings.get(s, 0.0) for j in jobs) for s in STAGES}
     return {
         "images": len(jobs),

@@ -81,7 +81,7 @@ class RunSummary:
 
     @property
     def faces(self) -> int:
-        return sum(len(j.faces) for j in self.results if j.status == "ok")
+        return sum(j.face_count for j in self.results if j.status == "ok")
 
     def stage_totals(self) -> dict[str, float]:
         return {s: sum(j.timings.get(s, 0.0) for j in self.results) for s in STAGES}
