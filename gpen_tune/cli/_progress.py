@@ -7,18 +7,27 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 
 class EnhanceProgress:
-    """A bar over images whose text advances per restored face (a 29-face photo moves face by face)."""
+    """A bar over images and video frames whose text advances per restored face (a 29-face photo moves face by
+    face); the ETA comes from the images and the videos' frame counts."""
 
     def __init__(self, console: Console):
         self.progress = Progress(
             TextColumn("[bold]enhance[/]"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[faces]} faces · {task.fields[ips]:.2f} img/s · {task.fields[fps]:.2f} faces/s"),
-            TimeElapsedColumn(), TextColumn("{task.fields[current]}"), console=console, transient=False)
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[current]}"),
+            console=console, transient=False)
         self.task = None
         self.images = self.faces = 0
         self.t0 = time.perf_counter()

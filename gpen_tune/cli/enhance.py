@@ -32,6 +32,7 @@ FACE_PANEL = "Faces"
 MODEL_PANEL = "Model and device"
 DETECT_PANEL = "Detection and alignment"
 PERF_PANEL = "Performance"
+VIDEO_PANEL = "Video"
 
 EXAMPLES = """
 Examples:\n
@@ -128,6 +129,12 @@ def enhance(
     detector_process: Annotated[bool, _opt("--detector-process", panel=PERF_PANEL,
                                            help="Run the detector in its own process (big folders on a GPU).")]
     = False,
+    codec: Annotated[str | None, _opt("--codec", panel=VIDEO_PANEL, help="Video encoder, e.g. libx264, libx265, "
+                                      "h264_nvenc [default: the input's codec family].")] = None,
+    crf: Annotated[float | None, _opt("--crf", panel=VIDEO_PANEL, min=0.0, help="Video quality, lower is better "
+                                      "[default: visually lossless for the codec].")] = None,
+    smooth: Annotated[bool, _opt("--smooth/--no-smooth", panel=VIDEO_PANEL,
+                                 help="Track faces and smooth their landmarks across frames.")] = True,
     preset: PresetOpt = None,
     lazy_detector: LazyDetectorOpt = None,
     compile: CompileOpt = None,
@@ -137,9 +144,9 @@ def enhance(
     cuda_graph: CudaGraphOpt = None,
     fused: FusedOpt = None,
 ) -> None:
-    """Restore every face in photos: detect, align, restore in batches, paste back seamlessly."""
+    """Restore every face in photos and videos: detect, align, restore in batches, paste back seamlessly."""
     from gpen_tune.model.configs import model_info
-    from gpen_tune.pipeline.api import Pipeline
+    from gpen_tune.pipeline.api import Pipeline, VideoOptions
     from gpen_tune.pipeline.api import enhance as run_enhance
     from gpen_tune.pipeline.outputs import check_ext, check_pattern
     from gpen_tune.pipeline.report import check_report_path
@@ -175,12 +182,13 @@ def enhance(
     code = run_command(names, output, settings, tune, recursive=recursive, ext=ext, suffix=suffix,
                        name_pattern=name_pattern, existing=existing, report=report, save_faces=save_faces,
                        save_comparison=save_comparison, serial=serial or None,
-                       config=SchedulerConfig(workers=workers), build=Pipeline, run=run_enhance)
+                       config=SchedulerConfig(workers=workers), build=Pipeline, run=run_enhance,
+                       video=VideoOptions(codec=codec, crf=crf, smooth=smooth))
     raise typer.Exit(code)
 
 
 def run_command(names, output: Path, settings, tune, *, recursive, ext, suffix, name_pattern, existing, report,
-                save_faces, save_comparison, serial, config, build, run) -> int:
+                save_faces, save_comparison, serial, config, build, run, video=None) -> int:
     """Build the pipeline, run every input with progress, print the summary, write the report; the exit code."""
     from gpen_tune.pipeline.report import summarize, tune_summary, write_report
 
@@ -199,7 +207,7 @@ def run_command(names, output: Path, settings, tune, *, recursive, ext, suffix, 
                          name_pattern=name_pattern, existing=existing, save_faces=save_faces,
                          save_comparison=save_comparison, serial=serial, config=config,
                          on_result=progress.image_done, on_faces=progress.faces_done, on_start=progress.start,
-                         notify=notice)
+                         video=video, notify=notice)
     except user_errors() as e:
         _remove_if_empty(output, created)
         raise failure(e) from None
