@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from gpen_tune.face.align import alignment, warp_crop
-from gpen_tune.face.detect import DEFAULT_DET_SIZE, Detection, default_notify, init_detector
+from gpen_tune.face.detect import DEFAULT_DET_SIZE, Detection, Service, default_notify, init_detector, serve
 from gpen_tune.face.paste import PasteFace, is_small_face, paste_faces, paste_faces_full_frame, soften
 from gpen_tune.imageio import ImageReadError, Picture, copy_file, picture_from_array, read_image, write_image
 
@@ -187,12 +187,15 @@ class Enhancer:
         detector=None,
         size: int | None = None,
         notify: Callable[[str], None] = default_notify,
+        detector_service: Service = "inline",
+        lazy_detector: bool = False,
     ):
         """Args:
             settings: pipeline choices.
             model: a loaded generator; None loads one from settings (unless `restore` and `size` are given).
             restore: the callable the batches go through (default: the model's forward).
-            detector: a FaceDetector (or LazyDetector); None builds one from settings when needed.
+            detector: a Detector (`gpen_tune.face.detect`); None builds one from settings when needed.
+            detector_service / lazy_detector: the factory's `service` and `lazy` for the detector built here.
             size: crop size when no model is given (tests with an identity restore).
         """
         self.settings = settings or EnhanceSettings()
@@ -210,6 +213,8 @@ class Enhancer:
         self.dtype = getattr(model, "compute_dtype", torch.float32) if model is not None else torch.float32
         self.restore_fn: Restore = restore or _model_restore(model)
         self._detector = detector
+        self.detector_service = detector_service
+        self.lazy_detector = lazy_detector
         self._parser = None
 
     # -- lazily built helpers
@@ -218,8 +223,21 @@ class Enhancer:
         if self._detector is None:
             s = self.settings
             self._detector = init_detector(s.detector, device=self.device, weights=s.detector_weights,
-                                           threshold=s.det_threshold, det_size=s.det_size, notify=self.notify)
+                                           threshold=s.det_threshold, det_size=s.det_size, notify=self.notify,
+                                           service=self.detector_service, lazy=self.lazy_detector)
         return self._detector
+
+    def serve_detector(self, service: Service) -> None:
+        """Detect through `service` from now on (the folder runner: "thread" or "process"): the detector held is
+        put behind it (`gpen_tune.face.detect.serve`), or the factory builds one behind it on first use."""
+        if self._detector is not None:
+            self._detector = serve(self._detector, service)
+        self.detector_service = service
+
+    def use_detector(self, detector):
+        """Hold `detector` from now on; returns the one held before (not closed: the caller owns it now)."""
+        previous, self._detector = self._detector, detector
+        return previous
 
     @property
     def parser(self):

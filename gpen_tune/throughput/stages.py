@@ -13,7 +13,6 @@ cuts all its faces, the GPU stage stacks the device crops into its batch, and th
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,9 +44,11 @@ class EnhancerStages:
         paste: "auto" (GPU on CUDA: every frame with the Triton paste, else frames >= GPU_PASTE_MIN_PIXELS),
             "cpu" or "gpu".
         save_faces / save_comparison: the serial driver's extra outputs.
-        detector_process: run the detector in a process of its own (`detect_process.ProcessDetector`, opt-in:
+        detector_process: run the detector in a process of its own (service "process" of
+            `gpen_tune.face.detect.init_detector`, opt-in:
             its start costs ~10 s; H200, 4,096 photos: 693 vs 625 faces/s with the detector thread,
-            benchmarks/results/20261201-081014) instead of a thread of this one; refused with a lazy detector.
+            benchmarks/results/20261201-081014) instead of a thread of this one (service "thread"); refused with
+            a lazy detector.
 
     Attribute `cut_on_device` (default: wherever the GPU paste and the crop kernel can run, unless the module's
     CUT_ON_DEVICE is off): cut the faces of GPU-pasted images on the GPU; False cuts every crop on the CPU.
@@ -66,10 +67,8 @@ class EnhancerStages:
         self.save_comparison = save_comparison
         # build lazily-created parts once, here: their properties are not safe to race from worker threads
         if not enhancer.settings.aligned:
-            if detector_process:
-                _install_process_detector(enhancer)
-            else:
-                _install_detector_thread(enhancer)
+            enhancer.serve_detector("process" if detector_process else "thread")
+            _ = enhancer.detector
         if enhancer.settings.parse_mask and not enhancer.settings.aligned and enhancer.settings.strength > 0:
             _ = enhancer.parser
         self.cut_on_device = False
@@ -89,9 +88,8 @@ class EnhancerStages:
                 and not s.parse_mask and s.strength > 0)
 
     def before_restore(self) -> None:
-        hook = getattr(self.enhancer._detector, "before_restore", None)
-        if hook:
-            hook()
+        if not self.enhancer.settings.aligned:
+            self.enhancer.detector.before_restore()
 
     # -- stages -------------------------------------------------------------------------------------------------
     def prepare(self, index: int, path: Path) -> _Item:
@@ -226,79 +224,3 @@ class EnhancerStages:
         job.result = job.picture.with_pixels(pixels)
         job.status = "ok"
         job.add_time("paste", time.perf_counter() - t)
-
-
-def _install_detector_thread(enhancer: Any) -> None:
-    """One detector thread serves every prepare worker (a detector that already serves many threads is kept)."""
-    from gpen_tune.throughput.detect_process import ProcessDetector
-    from gpen_tune.throughput.detect_server import BatchingDetector
-
-    det = enhancer.detector
-    if not isinstance(det, BatchingDetector | ProcessDetector):
-        if hasattr(det, "before_restore") and not isinstance(det, SharedDetector):
-            det = SharedDetector(det)      # a lazy detector: release only between detections
-        enhancer._detector = BatchingDetector(det)
-
-
-def _install_process_detector(enhancer: Any) -> None:
-    """The enhancer's detector becomes a ProcessDetector built like the one it has (or would build from its
-    settings). The detector it replaces is not closed: whoever built it still owns it (benchmarks swap back)."""
-    from gpen_tune.throughput.detect_process import DetectorSpec, ProcessDetector
-
-    det = enhancer._detector
-    if isinstance(det, ProcessDetector):
-        return
-    s = enhancer.settings
-    spec = (DetectorSpec.from_settings(s, enhancer.device) if det is None
-            else DetectorSpec.of(det, s.detector_weights))
-    enhancer._detector = ProcessDetector(spec)
-
-
-class SharedDetector:
-    """Makes a releasable (lazy) detector safe under the runner: many prepare threads detect at once, while the
-    GPU thread's `before_restore` may release it. Detections share the detector; a release waits until none is
-    running and new detections wait for the release (writer preference), and a rebuild happens once, under
-    the lock. Everything else is forwarded to the wrapped detector.
-    """
-
-    def __init__(self, inner: Any):
-        self._inner = inner
-        self._cond = threading.Condition()
-        self._readers = 0
-        self._releasing = False
-
-    def detect(self, images: list) -> list:
-        with self._cond:
-            while self._releasing:
-                self._cond.wait()
-            self._readers += 1
-            if getattr(self._inner, "loaded", True) is False:
-                _ = self._inner.detector           # rebuild once, here, not in several threads at the same time
-        try:
-            return self._inner.detect(images)
-        finally:
-            with self._cond:
-                self._readers -= 1
-                self._cond.notify_all()
-
-    def before_restore(self) -> Any:
-        with self._cond:
-            self._releasing = True
-            try:
-                while self._readers:
-                    self._cond.wait()
-                return self._inner.before_restore()
-            finally:
-                self._releasing = False
-                self._cond.notify_all()
-
-    def close(self) -> None:
-        with self._cond:
-            close = getattr(self._inner, "close", None)
-            if callable(close):
-                close()
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self._inner, name)
