@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import torch
 
+from gpen_tune.face.detect import mtcnn_batched
 from gpen_tune.face.detect.base import DEFAULT_DET_SIZE, DetectorError, FaceDetector
-from gpen_tune.face.detect.mtcnn_batched import detect_mtcnn_batched
 from gpen_tune.face.detect.mtcnn_fixed import FixedCanvasPNet
 from gpen_tune.ops import area_resize as area_ops
 from gpen_tune.ops import nms as nms_ops
@@ -67,13 +67,15 @@ class MTCNNDetector(FaceDetector):
 
     def set_impls(self, nms: nms_ops.Impl | None = None, area: area_ops.Impl | None = None,
                   max_batch: int | None = None) -> None:
-        """Switch the driver's kernels or images per call (benchmarks' A/B); the P-Net graphs, which hold the
-        kernels and buckets they were captured with, are captured again on next use."""
+        """Switch the driver's kernels or images per call (benchmarks' A/B); a new area resize or batch bound
+        drops the P-Net graphs (they hold the kernels and buckets they were captured with): captured again on next
+        use or by `capture_graphs`."""
         self._check_impls(nms or self.nms, area or self.area)
         with self._fixed_lock:
+            if (area or self.area) != self.area or (max_batch or self.max_batch) != self.max_batch:
+                self._fixed = None
             self.nms, self.area = nms or self.nms, area or self.area
             self.max_batch = max_batch or self.max_batch
-            self._fixed = None
 
     def to(self, device):
         self._fixed = None                  # its graphs point at the networks' old buffers
@@ -116,10 +118,11 @@ class MTCNNDetector(FaceDetector):
             return self._detect_batch_facenet(batch)
         args = (list(batch), self.pnet, self.rnet, self.onet, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS,
                 MTCNN_PYRAMID_FACTOR, self.device)
+        # through the module: a benchmark's A/B may run an earlier driver file in its place
         if not self.uses_pnet_graphs:
-            return detect_mtcnn_batched(*args, nms=self.nms, area=self.area)
+            return mtcnn_batched.detect_mtcnn_batched(*args, nms=self.nms, area=self.area)
         with self._fixed_lock:             # the fixed plan's buffers serve one call at a time
-            return detect_mtcnn_batched(*args, fixed=self._fixed_pnet(), nms=self.nms, area=self.area)
+            return mtcnn_batched.detect_mtcnn_batched(*args, fixed=self._fixed_pnet(), nms=self.nms, area=self.area)
 
     def _detect_batch_facenet(self, batch: np.ndarray):
         """facenet-pytorch's own driver, for the CPU: there its per-box work is cheap and our driver's summed-area
