@@ -229,25 +229,24 @@ def main() -> None:
         rows.append(r)
 
     before = load_before(args.before) if args.before else None
-    import gpen_tune.face.mtcnn_batched as current
+    import gpen_tune.face.detect.mtcnn_batched as current
 
     @contextlib.contextmanager
     def driver(label: str):
         """The detector's batched MTCNN driver: this checkout's, or the --before file's (same networks); "eager":
-        this checkout's without the P-Net CUDA graphs."""
-        from gpen_tune.face import nms_triton
-
-        kept, kept_graphs, kept_nms = current.detect_mtcnn_batched, det.pnet_graphs, nms_triton.USE_TRITON
+        this checkout's without the P-Net CUDA graphs; "nms_torchvision": the detector's nms="torch"."""
+        kept, kept_graphs, kept_nms = current.detect_mtcnn_batched, det.pnet_graphs, det.nms
         if label == "before":
             current.detect_mtcnn_batched = before.detect_mtcnn_batched
         if label == "eager":
             det.pnet_graphs = False
         if label == "nms_torchvision":
-            nms_triton.USE_TRITON = False
+            det.set_impls(nms="torch")
         try:
             yield
         finally:
-            current.detect_mtcnn_batched, det.pnet_graphs, nms_triton.USE_TRITON = kept, kept_graphs, kept_nms
+            current.detect_mtcnn_batched, det.pnet_graphs = kept, kept_graphs
+            det.set_impls(nms=kept_nms)
 
     labels = ["after", "before"] if before else ["after"]
     if args.ab_nms_torchvision:

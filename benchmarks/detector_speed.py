@@ -32,7 +32,9 @@ import torch
 
 from gpen_tune.face import samples
 from gpen_tune.face.detect import DEFAULT_THRESHOLD, MTCNN_MIN_FACE, MTCNN_PYRAMID_FACTOR, MTCNN_STAGE_THRESHOLDS
-from gpen_tune.face.mtcnn_batched import detect_mtcnn_batched
+from gpen_tune.face.detect.mtcnn_batched import detect_mtcnn_batched
+from gpen_tune.face.detect.mtcnn_fixed import FixedCanvasPNet
+from gpen_tune.ops import area_resize, nms
 
 GREY = 128
 
@@ -79,20 +81,25 @@ def facenet_driver(batch: list[np.ndarray], nets, device) -> list[int]:
     return counts
 
 
-def batched_driver(batch: list[np.ndarray], nets, device) -> list[int]:
-    found = detect_mtcnn_batched(batch, *nets, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS, MTCNN_PYRAMID_FACTOR, device)
-    return [int((s >= DEFAULT_THRESHOLD).sum()) for _, s, _ in found]
-
-
-def graphed_driver(side: int, pnet):
-    """The batched driver with its P-Net stage replayed from CUDA graphs (FixedCanvasPNet, canvas = --long-side)."""
-    from gpen_tune.face.mtcnn_batched import FixedCanvasPNet
-
-    fixed = FixedCanvasPNet(pnet, side, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS[0], MTCNN_PYRAMID_FACTOR)
+def batched_driver(nms_impl: str, area_impl: str):
+    """Our batched driver with these NMS / area-resize implementations (--nms, --area)."""
 
     def driver(batch: list[np.ndarray], nets, device) -> list[int]:
         found = detect_mtcnn_batched(batch, *nets, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS, MTCNN_PYRAMID_FACTOR,
-                                     device, fixed=fixed)
+                                     device, nms=nms_impl, area=area_impl)
+        return [int((s >= DEFAULT_THRESHOLD).sum()) for _, s, _ in found]
+
+    return driver
+
+
+def graphed_driver(side: int, pnet, nms_impl: str, area_impl: str):
+    """The batched driver with its P-Net stage replayed from CUDA graphs (FixedCanvasPNet, canvas = --long-side)."""
+    fixed = FixedCanvasPNet(pnet, side, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS[0], MTCNN_PYRAMID_FACTOR,
+                            area=area_impl)
+
+    def driver(batch: list[np.ndarray], nets, device) -> list[int]:
+        found = detect_mtcnn_batched(batch, *nets, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS, MTCNN_PYRAMID_FACTOR,
+                                     device, fixed=fixed, nms=nms_impl, area=area_impl)
         return [int((s >= DEFAULT_THRESHOLD).sum()) for _, s, _ in found]
 
     return driver
@@ -147,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kinds", default="mixed,same", help="batch kinds: mixed (own sizes), same (letterboxed)")
     ap.add_argument("--skip-facenet", action="store_true", help="time only the batched driver")
     ap.add_argument("--skip-graphs", action="store_true", help="CUDA: skip the P-Net CUDA-graph variant")
+    ap.add_argument("--nms", choices=nms.IMPLS, default="auto",
+                    help="our driver's NMS: auto (the Triton kernel where it runs), torch (torchvision), triton")
+    ap.add_argument("--area", choices=area_resize.IMPLS, default="auto",
+                    help="our driver's area resize: auto (the Triton kernel where it runs), torch, triton")
     ap.add_argument("--out", type=Path, default=None, help="folder for the JSON result")
     args = ap.parse_args(argv)
 
@@ -158,11 +169,13 @@ def main(argv: list[str] | None = None) -> int:
 
     nets = tuple(n().to(device).eval() for n in (PNet, RNet, ONet))
     pool = photo_pool(args.long_side)
-    graphed = graphed_driver(args.long_side, nets[0]) if device.type == "cuda" and not args.skip_graphs else None
+    graphed = (graphed_driver(args.long_side, nets[0], args.nms, args.area)
+               if device.type == "cuda" and not args.skip_graphs else None)
     sizes = [int(b) for b in args.batch.split(",") if b.strip()]
     result = {"command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
               "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "environment": environment(device), "long_side": args.long_side, "repeats": args.repeats,
+              "nms": args.nms, "area": args.area,
               "photos": [[name, list(img.shape[:2])] for name, img in pool], "runs": []}
     for kind in [k.strip() for k in args.kinds.split(",") if k.strip()]:
         images = [img for _, img in pool]
@@ -171,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
         for b in sizes:
             batch = [images[i % len(images)] for i in range(b)]
             run = {"kind": kind, "batch": b}
-            drivers = [("batched", batched_driver)] + ([] if args.skip_facenet else [("facenet", facenet_driver)])
+            drivers = [("batched", batched_driver(args.nms, args.area))]
+            if not args.skip_facenet:
+                drivers.append(("facenet", facenet_driver))
             if graphed is not None:
                 drivers.append(("batched_graphs", graphed))
             for name, driver in drivers:

@@ -335,11 +335,11 @@ case "$PART" in
   ab-area-triton)
     step "GPU tests: detector, paste, throughput"
     timeout 150 "$PY" -m pytest -q -m gpu tests/test_mtcnn_batched.py tests/test_throughput.py -p no:cacheprovider 2>&1 | tail -8 >> "$LOG"
-    step "detector speed alone: area resize as one Triton kernel (default) / in PyTorch calls (GPEN_TUNE_AREA=torch)"
+    step "detector speed alone: area resize as one Triton kernel (default) / in PyTorch calls (--area torch)"
     timeout 60 "$PY" benchmarks/detector_speed.py --device cuda --batch 8,21,32 --repeats 5 --kinds mixed \
       --skip-facenet --out "$DEST" 2>&1 | tail -7 >> "$LOG"
-    GPEN_TUNE_AREA=torch timeout 60 "$PY" benchmarks/detector_speed.py --device cuda --batch 8,21,32 --repeats 5 \
-      --kinds mixed --skip-facenet --out "$DEST" 2>&1 | tail -7 >> "$LOG"
+    timeout 60 "$PY" benchmarks/detector_speed.py --device cuda --batch 8,21,32 --repeats 5 \
+      --kinds mixed --skip-facenet --area torch --out "$DEST" 2>&1 | tail -7 >> "$LOG"
     step "throughput: serial, pipeline (GPU paste at every size now), A/B/A with the area resize in PyTorch calls"
     timeout 240 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
       --ab-area-torch --out "$DEST" 2>&1 | tail -16 >> "$LOG"

@@ -327,13 +327,14 @@ class DetectorPhases:
     P-Net phase gets a stream sync at its end so its GPU time is not billed to the candidates phase)."""
 
     def __init__(self) -> None:
-        from gpen_tune.face import mtcnn_batched as mb
+        from gpen_tune.face.detect import mtcnn_batched as mb
+        from gpen_tune.face.detect.mtcnn_fixed import FixedCanvasPNet
 
         self.seconds: dict[str, float] = {}
         self.calls: dict[str, int] = {}
-        for owner, name, key, sync in ((mb.FixedCanvasPNet, "__call__", "pnet_fill_upload_replay", True),
-                                       (mb.FixedCanvasPNet, "_host_canvas", "pnet_wait_previous_upload", False),
-                                       (mb.FixedCanvasPNet, "_planes", "pnet_planes", False),
+        for owner, name, key, sync in ((FixedCanvasPNet, "__call__", "pnet_fill_upload_replay", True),
+                                       (FixedCanvasPNet, "_host_canvas", "pnet_wait_previous_upload", False),
+                                       (FixedCanvasPNet, "_planes", "pnet_planes", False),
                                        (mb._Driver, "_candidates", "pnet_candidates_nms", False),
                                        (mb._Driver, "_stage2", "rnet", False), (mb._Driver, "_stage3", "onet", False),
                                        (mb._Driver, "_finish", "download_final_nms", False)):
@@ -576,15 +577,16 @@ def main(argv: list[str] | None = None) -> int:
     serial_inputs = sorted(folder.iterdir())[: args.serial_images] if args.serial_images else folder
     if not args.skip_serial:
         print("serial path ...", flush=True)
-        pipeline_detector = enhancer._detector
-        enhancer._detector = in_process_detector if args.detector_process else pipeline_detector
+        pipeline_detector = enhancer.detector
+        enhancer.use_detector(in_process_detector if args.detector_process else pipeline_detector)
         try:
             runs["serial"], summaries["serial"] = measure(
                 "serial", lambda: enhance_folder(serial_inputs, work / "out_serial", enhancer=enhancer, serial=True,
                                                  ext=args.ext), meter, device)
         finally:
-            enhancer._detector = pipeline_detector
+            enhancer.use_detector(pipeline_detector)
     server = enhancer.detector                # the pipeline's BatchingDetector (installed by the warm-up run)
+    backend = getattr(server, "inner", server)  # the detector it serves (MTCNN: the fields the A/Bs switch)
     for k in ("calls", "images", "largest", "busy_s"):
         if hasattr(server, k):
             setattr(server, k, 0)             # count the measured pipeline run only
@@ -649,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
         kept_priority = server.stream_priority
 
         def set_priority(p):
-            server.stream_priority, server._stream = p, None
+            server.stream_priority = p            # a new stream at the next call
 
         ab_a("pipeline_detector_high_priority", "detector stream at high priority", "out_pipeline_p0",
              lambda: set_priority(-1), lambda: set_priority(kept_priority))
@@ -665,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.ab_mtcnn_before:
         import importlib.util
 
-        import gpen_tune.face.mtcnn_batched as current
+        import gpen_tune.face.detect.mtcnn_batched as current
 
         spec = importlib.util.spec_from_file_location("mtcnn_batched_before", args.ab_mtcnn_before)
         before = importlib.util.module_from_spec(spec)
@@ -679,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
              lambda: set_driver(before.detect_mtcnn_batched), lambda: set_driver(kept_driver))
     if args.ab_pnet_graphs:
         ab_attr("pipeline_pnet_eager", "detector's P-Net eager (no CUDA graphs)", "out_pipeline_pe",
-                getattr(server, "_inner", server), "pnet_graphs", False)
+                backend, "pnet_graphs", False)
     if args.ab_paste_torch:
         from gpen_tune.throughput import gpu_paste
 
@@ -694,30 +696,25 @@ def main(argv: list[str] | None = None) -> int:
         ab_attr("pipeline_cut_on_cpu", "faces cut on the CPU, uploaded by the GPU stage", "out_pipeline_cc",
                 stages_module, "CUT_ON_DEVICE", False)
     if args.ab_area_torch:
-        from gpen_tune.face import area_triton
+        kept_area = backend.area
 
-        mtcnn = getattr(server, "_inner", server)
-
-        def set_area(value):
-            area_triton.USE_TRITON = value
-            mtcnn._fixed = None                # the P-Net graphs hold the kernels they were captured with
-            mtcnn.capture_graphs()
+        def set_area(impl):
+            backend.set_impls(area=impl)       # the P-Net graphs are captured again with this area resize
+            backend.capture_graphs()
 
         ab_a("pipeline_area_torch", "detector's area resize in PyTorch calls", "out_pipeline_at",
-             lambda: set_area(False), lambda: set_area(True))
+             lambda: set_area("torch"), lambda: set_area(kept_area))
     if args.ab_nms_torchvision:
-        from gpen_tune.face import nms_triton
-
-        ab_attr("pipeline_nms_torchvision", "detector's NMS through torchvision (one greedy pass over all groups)",
-                "out_pipeline_nt", nms_triton, "USE_TRITON", False)
+        kept_nms = backend.nms
+        ab_a("pipeline_nms_torchvision", "detector's NMS through torchvision (one greedy pass over all groups)",
+             "out_pipeline_nt", lambda: backend.set_impls(nms="torch"), lambda: backend.set_impls(nms=kept_nms))
     if args.ab_detector_batch:
-        mtcnn = getattr(server, "_inner", server)
-        kept_det = (mtcnn.max_batch, server._max_images, args.prepare_workers)
+        kept_det = (backend.max_batch, server.max_images, args.prepare_workers)
 
         def set_det_batch(n, images, threads):
-            mtcnn.max_batch, server._max_images, args.prepare_workers = n, images, threads
-            mtcnn._fixed = None
-            mtcnn.capture_graphs()
+            server.max_images, args.prepare_workers = images, threads
+            backend.set_impls(max_batch=n)     # the P-Net graphs are captured again for the new buckets
+            backend.capture_graphs()
 
         n = args.ab_detector_batch
         ab_a(f"pipeline_detector_batch_{n}", f"up to {n} images per detector call, {n} prepare threads",
@@ -748,16 +745,16 @@ def main(argv: list[str] | None = None) -> int:
         process_detector["outputs_vs_pipeline"] = compare_outputs(summaries["pipeline"].results,
                                                                   summaries["pipeline_detector_process"].results)
         if args.ab_process_repeat:       # A/B/A/B: the detector thread again, then the process again
-            enhancer._detector = server
+            enhancer.use_detector(server)
             print("pipeline again with the detector thread ...", flush=True)
             runs["pipeline_repeat"], _ = measure("pipeline_repeat", pipeline("out_pipeline_a2"), meter, device)
-            enhancer._detector = proc
+            enhancer.use_detector(proc)
             print("pipeline again with the detector process ...", flush=True)
             runs["pipeline_detector_process_repeat"], _ = measure(
                 "pipeline_detector_process_repeat", lambda: run_with_process_detector(folder, work / "out_proc2"),
                 meter, device)
         proc.close()
-        enhancer._detector = server           # back to the detector thread (the process one replaced it)
+        enhancer.use_detector(server)         # back to the detector thread (the process one replaced it)
     pipe = runs["pipeline"]
     pipe["stage_analysis"] = limiting_stage(pipe)
 

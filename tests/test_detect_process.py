@@ -1,4 +1,5 @@
-"""The opt-in detector process (gpen_tune.throughput.detect_process) against the in-process detector, on the CPU.
+"""The detector's services from the one factory (gpen_tune.face.detect.init_detector: inline, thread, process) and
+the opt-in detector process (gpen_tune.face.detect.process) against the in-process detector, on the CPU.
 
 Real photos and the real offline MTCNN in a real spawned process (one shared by most tests: spawning costs
 seconds). Detections must be identical to the in-process detector's: every photo here has a size of its own, so
@@ -22,12 +23,19 @@ import torch
 from face_testdata import mtcnn
 
 from gpen_tune.face import samples
-from gpen_tune.face.detect import DetectorError
+from gpen_tune.face.detect import (
+    BatchingDetector,
+    DetectorError,
+    DetectorSpec,
+    LazyDetector,
+    MTCNNDetector,
+    ProcessDetector,
+    init_detector,
+)
 from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, OutputNaming
 from gpen_tune.model.configs import GPENConfig
 from gpen_tune.model.load import load_model
 from gpen_tune.throughput import enhance_folder
-from gpen_tune.throughput.detect_process import DetectorSpec, ProcessDetector
 from gpen_tune.throughput.stages import EnhancerStages
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +44,8 @@ TOLERANCE = 2          # grey levels: faces may share other generator batches in
 
 @pytest.fixture(scope="module")
 def proc():
-    det = ProcessDetector(DetectorSpec("mtcnn", "cpu", torch_threads=torch.get_num_threads()))
+    det = init_detector("mtcnn", device="cpu", service="process")
+    assert isinstance(det, ProcessDetector) and det.spec.torch_threads == torch.get_num_threads()
     yield det
     det.close()
 
@@ -78,6 +87,48 @@ def test_same_detections_as_in_process(proc, photos, reference):
         _assert_same(g, w)
     assert (proc.name, proc.device.type, proc.det_size) == ("mtcnn", "cpu", mtcnn().det_size)
     assert proc.detect([]) == []
+
+
+def test_factory_services_give_identical_detections(proc, photos, reference):
+    """inline, thread and process from the one factory: the same detections on the bundled photos, the same
+    interface (name, device, before_restore, close)."""
+    inline = init_detector("mtcnn", device="cpu", service="inline")
+    thread = init_detector("mtcnn", device="cpu", service="thread")
+    assert isinstance(inline, MTCNNDetector) and isinstance(thread, BatchingDetector)
+    try:
+        for det in (inline, thread, proc):
+            assert (det.name, det.device) == ("mtcnn", torch.device("cpu"))
+            det.before_restore()
+            found = [det.detect([img])[0] for img in photos]
+            for g, w in zip(found, reference, strict=True):
+                _assert_same(g, w)
+    finally:
+        inline.close()
+        thread.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        thread.detect([photos[0]])
+
+
+def test_factory_lazy_services(photos, reference):
+    """lazy=True: built on first use, released by before_restore (policy "always"), the same detections; behind
+    the thread service too. With service "process" it is refused in one line, before anything is built."""
+    lazy = init_detector("mtcnn", device="cpu", lazy=True, lazy_policy="always")
+    assert isinstance(lazy, LazyDetector) and not lazy.loaded
+    _assert_same(lazy.detect([photos[0]])[0], reference[0])
+    lazy.before_restore()
+    assert not lazy.loaded and lazy.releases == 1
+    served = init_detector("mtcnn", device="cpu", service="thread", lazy=True, lazy_policy="always")
+    try:
+        _assert_same(served.detect([photos[1]])[0], reference[1])
+        served.before_restore()
+        _assert_same(served.detect([photos[2]])[0], reference[2])
+    finally:
+        served.close()
+    with pytest.raises(ValueError, match="lazy detector") as err:
+        init_detector("mtcnn", device="cpu", service="process", lazy=True)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="service must be one of"):
+        init_detector("mtcnn", service="pool")
 
 
 def test_concurrent_callers_get_their_own_detections(proc, photos, reference):
@@ -149,8 +200,6 @@ def test_start_failure_comes_back_with_its_message(proc):
 
 
 def test_lazy_detector_is_refused(tmp_path):
-    from gpen_tune.tune.lazy_detector import LazyDetector
-
     lazy = LazyDetector(lambda: mtcnn(), policy="always", device="cpu")
     enh = Enhancer(EnhanceSettings(device="cpu", detector="mtcnn"), restore=lambda x: x, size=64, detector=lazy)
     with pytest.raises(ValueError, match="lazy detector"):
@@ -203,7 +252,7 @@ def test_child_exits_when_the_parent_dies(tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(
         "import os, signal\n"
-        "from gpen_tune.throughput.detect_process import DetectorSpec, ProcessDetector\n"
+        "from gpen_tune.face.detect import DetectorSpec, ProcessDetector\n"
         "if __name__ == '__main__':\n"
         "    det = ProcessDetector(DetectorSpec('mtcnn', 'cpu', torch_threads=1))\n"
         "    print(det.process.pid, flush=True)\n"

@@ -16,8 +16,12 @@ from gpen_tune.face.detect import (
     MTCNN_PYRAMID_FACTOR,
     MTCNN_STAGE_THRESHOLDS,
     MTCNNDetector,
+    shrink_for_detection,
 )
-from gpen_tune.face.mtcnn_batched import detect_mtcnn_batched, grouped_nms, min_nms_host, pyramid_scales
+from gpen_tune.face.detect.mtcnn_batched import detect_mtcnn_batched, min_nms_host, pyramid_scales
+from gpen_tune.face.detect.mtcnn_fixed import FixedCanvasPNet
+from gpen_tune.ops.area_resize import integral
+from gpen_tune.ops.nms import grouped_nms
 
 PX_TOL = 0.05          # measured: <= 1.3e-4 px (the same pixels and arithmetic; only float summation order differs)
 
@@ -201,7 +205,7 @@ def test_solvay_all_29_faces_like_facenet():
 
 
 def test_memory_chunking_changes_nothing(monkeypatch):
-    import gpen_tune.face.mtcnn_batched as driver
+    import gpen_tune.face.detect.mtcnn_batched as driver
 
     monkeypatch.setattr(driver, "PNET_MAX_PIXELS", 1)       # one image per P-Net call
     monkeypatch.setattr(driver, "CROPS_PER_CALL", 7)        # R-Net / O-Net in chunks of 7 boxes
@@ -231,7 +235,7 @@ def test_cuda_driver_matches_facenet_on_cpu():
 def per_scale_stage1(self, scales, n_scales):
     """The driver's P-Net stage before it was batched over scales (commit 2fa709b), kept as the reference: one
     nonzero and one NMS per scale and chunk."""
-    from gpen_tune.face import mtcnn_batched as mb
+    from gpen_tune.face.detect import mtcnn_batched as mb
 
     found, found_img = [], []
     for k, scale in enumerate(scales):
@@ -255,7 +259,7 @@ def per_scale_stage1(self, scales, n_scales):
 
 
 def per_scale_candidates(self, idx, level_hw, scale):
-    from gpen_tune.face import mtcnn_batched as mb
+    from gpen_tune.face.detect import mtcnn_batched as mb
 
     img_ids, lh, lw = (torch.as_tensor(a) for a in (idx, level_hw[:, 0], level_hw[:, 1]))
     hw = self.hw[img_ids]
@@ -278,10 +282,10 @@ def per_scale_candidates(self, idx, level_hw, scale):
 
 
 def driver(images):
-    from gpen_tune.face.mtcnn_batched import _Driver, _integral, _upload
+    from gpen_tune.face.detect.mtcnn_batched import _Driver, _upload
 
     canvas, sizes = _upload(images, torch.device("cpu"))
-    return _Driver(_integral(canvas), sizes, *nets(), float(MTCNN_MIN_FACE), tuple(MTCNN_STAGE_THRESHOLDS),
+    return _Driver(integral(canvas), sizes, *nets(), float(MTCNN_MIN_FACE), tuple(MTCNN_STAGE_THRESHOLDS),
                    float(MTCNN_PYRAMID_FACTOR))
 
 
@@ -294,7 +298,7 @@ STAGE1_BATCHES = (("astronaut",), ("grace_hopper",), ("mosaic6_0",), ("crop",),
 def test_stage1_equals_the_per_scale_version(keys, limits, monkeypatch):
     """Bit-identical P-Net candidates (boxes, scores, image ids, order), and so identical final detections, also
     with P-Net in one-image calls and the NMS split into many calls."""
-    import gpen_tune.face.mtcnn_batched as mb
+    import gpen_tune.face.detect.mtcnn_batched as mb
 
     if limits:
         monkeypatch.setattr(mb, "PNET_MAX_PIXELS", limits[0])
@@ -334,7 +338,7 @@ def counting(monkeypatch):
 
 @pytest.mark.parametrize("pnet_max_pixels", [None, 1], ids=["default", "one_image_per_call"])
 def test_stage1_syncs_do_not_grow_with_scales_or_chunks(pnet_max_pixels, monkeypatch):
-    import gpen_tune.face.mtcnn_batched as mb
+    import gpen_tune.face.detect.mtcnn_batched as mb
 
     if pnet_max_pixels:
         monkeypatch.setattr(mb, "PNET_MAX_PIXELS", pnet_max_pixels)
@@ -356,8 +360,6 @@ def test_stage1_syncs_do_not_grow_with_scales_or_chunks(pnet_max_pixels, monkeyp
 # -- the fixed-canvas P-Net plan (replayed from CUDA graphs on CUDA; eager here) --------------------------------------
 
 def fixed_pnet(side: int = 1024, graphs: bool = False, pnet=None):
-    from gpen_tune.face.mtcnn_batched import FixedCanvasPNet
-
     return FixedCanvasPNet(pnet or nets()[0], side, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS[0], MTCNN_PYRAMID_FACTOR,
                            graphs=graphs)
 
@@ -430,8 +432,6 @@ def test_pnet_graph_replays_match_the_eager_driver_on_cuda():
     buckets and repeated batches (graphs replayed, not re-captured), and the detector uses them by default."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from gpen_tune.face.detect import shrink_for_detection
-
     cuda_nets = tuple(type(m)().to("cuda").eval() for m in nets())
     fixed = fixed_pnet(graphs=True, pnet=cuda_nets[0])
     keys = ("mosaic6_0", "astronaut", "crop", "grace_hopper", "mosaic4_3")
@@ -450,195 +450,3 @@ def test_pnet_graph_replays_match_the_eager_driver_on_cuda():
     assert det.uses_pnet_graphs == (torch.cuda.get_device_properties(0).total_memory >= 12 * 2**30)
     found = det.detect([photo(k) for k in keys])
     assert [len(f) for f in found] == [int((reference(k)[1] >= DEFAULT_THRESHOLD).sum()) for k in keys]
-
-
-_AREA_TRITON = r"""
-import json, sys
-import cv2, numpy as np, torch
-from gpen_tune.face import area_triton, samples
-from gpen_tune.face import mtcnn_batched as mb
-from gpen_tune.face.detect import MTCNN_MIN_FACE, MTCNN_PYRAMID_FACTOR, MTCNN_STAGE_THRESHOLDS
-from facenet_pytorch.models.mtcnn import ONet, PNet, RNet
-
-imgs = [cv2.resize(samples.astronaut(), (200, 200), interpolation=cv2.INTER_AREA),
-        cv2.resize(samples.mosaic(4, 3), (260, 230), interpolation=cv2.INTER_AREA)]
-canvas, sizes = mb._upload(imgs, torch.device("cpu"))
-table = mb._integral(canvas)
-planes = torch.tensor([[0, 150, 150], [1, 113, 131], [0, 1, 1], [1, 30, 21]])    # strided columns, as P-Net's
-img, lh, lw = planes.unbind(1)
-hw = torch.as_tensor(sizes)[img]
-zeros = torch.zeros_like(lh)
-boxes = torch.tensor([[10, 5, 100, 120], [0, 100, 200, 129], [150, 0, 1, 5], [37, 3, 77, 9]])
-full = torch.full((4,), 24)
-cases = {"levels": (img, zeros, zeros, hw[:, 0], hw[:, 1], lh, lw, 152, 152),
-         "crops": (img, boxes[:, 0], boxes[:, 1], boxes[:, 2], boxes[:, 3], full, full, 24, 24)}
-res = {"applies": area_triton.applies(table, torch.float32)}
-for name, case in cases.items():
-    got = mb.area_resize(table, torch.float32, *case)
-    area_triton.USE_TRITON = False
-    want = mb.area_resize(table, torch.float32, *case)
-    area_triton.USE_TRITON = True
-    res[name] = bool(torch.equal(got, want)) and bool((want != 0).any())
-nets = [n().eval() for n in (PNet, RNet, ONet)]
-args = (MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS, MTCNN_PYRAMID_FACTOR, "cpu")
-got = mb.detect_mtcnn_batched(imgs, *nets, *args)
-area_triton.USE_TRITON = False
-want = mb.detect_mtcnn_batched(imgs, *nets, *args)
-res["faces"] = [int((s >= 0.9).sum()) for _, s, _ in got]
-res["detections_equal"] = all(np.array_equal(a, b) for g, w in zip(got, want) for a, b in zip(g, w))
-print("RESULT" + json.dumps(res))
-"""
-
-
-def test_triton_area_resize_is_bit_identical_in_interpreter():
-    """The detector's area resize as one Triton kernel (Triton's CPU interpreter) against the PyTorch version:
-    the same bits for pyramid levels and box crops (strided index vectors, a 1 x 1 level, a 1-px-wide box), and
-    the same detections through the whole driver on two small real photos."""
-    from triton_interp import run_in_interpreter
-
-    res = run_in_interpreter(_AREA_TRITON)
-    assert res["applies"] and res["levels"] and res["crops"], res
-    assert res["detections_equal"] and sum(res["faces"]) >= 3, res
-
-
-@pytest.mark.gpu
-def test_cuda_triton_area_resize_is_bit_identical():
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    from gpen_tune.face import area_triton
-    from gpen_tune.face import mtcnn_batched as mb
-
-    canvas, sizes = mb._upload([photo("mosaic6_0"), photo("astronaut")], torch.device("cuda"))
-    table = mb._integral(canvas)
-    if not area_triton.applies(table, torch.float32):
-        pytest.skip("needs Triton")
-    planes = torch.tensor([[0, 700, 1050], [1, 308, 308], [1, 1, 1]], device="cuda")
-    img, lh, lw = planes.unbind(1)
-    hw = torch.as_tensor(sizes, device="cuda")[img]
-    zeros = torch.zeros_like(lh)
-    case = (img, zeros, zeros, hw[:, 0], hw[:, 1], lh, lw, 704, 1056)
-    got = mb.area_resize(table, torch.float32, *case)
-    area_triton.USE_TRITON = False
-    try:
-        want = mb.area_resize(table, torch.float32, *case)
-    finally:
-        area_triton.USE_TRITON = True
-    assert torch.equal(got, want) and bool((want != 0).any())
-
-
-_NMS_TRITON = r"""
-import json
-import cv2, numpy as np, torch
-from gpen_tune.face import nms_triton, samples
-from gpen_tune.face import mtcnn_batched as mb
-from gpen_tune.face.detect import MTCNN_MIN_FACE, MTCNN_PYRAMID_FACTOR, MTCNN_STAGE_THRESHOLDS
-from facenet_pytorch.models.mtcnn import ONet, PNet, RNet
-
-
-def greedy(boxes, scores, groups, iou):
-    # the definition: per group, descending score (ties: lower index), IoU > float32(iou) suppresses
-    b, s, g = boxes.double().numpy(), scores.double().numpy(), groups.numpy()
-    order = sorted(range(len(b)), key=lambda i: (-s[i], i))
-    thr, removed, keep = float(np.float32(iou)), set(), []
-    for a, i in enumerate(order):
-        if i in removed:
-            continue
-        keep.append(i)
-        for j in order[a + 1:]:
-            if g[j] == g[i]:
-                w = max(min(b[i, 2], b[j, 2]) - max(b[i, 0], b[j, 0]), 0.0)
-                h = max(min(b[i, 3], b[j, 3]) - max(b[i, 1], b[j, 1]), 0.0)
-                union = (b[i, 2] - b[i, 0]) * (b[i, 3] - b[i, 1]) + (b[j, 2] - b[j, 0]) * (b[j, 3] - b[j, 1]) - w * h
-                if union != 0 and w * h / union > thr:
-                    removed.add(j)
-    return keep
-
-
-res = {"applies": nms_triton.applies(torch.zeros(1, 4))}
-gen = torch.Generator().manual_seed(0)
-xy = torch.rand(700, 2, generator=gen) * 200 - 20
-boxes = torch.cat([xy, xy + 5 + torch.rand(700, 2, generator=gen) * 60], 1)
-scores = torch.rand(700, generator=gen)
-groups = torch.randint(0, 3, (700,), generator=gen)            # ~230 boxes per group: several tiles of 256 lanes
-got = nms_triton.grouped_nms(boxes, scores, groups, 0.5, 4)     # group 3 is empty
-res["random"] = got.tolist() == greedy(boxes, scores, groups, 0.5)
-nms_triton.USE_TRITON = False
-res["random_vs_torchvision"] = sorted(got.tolist()) == sorted(mb.grouped_nms(boxes, scores, groups, 0.5).tolist())
-nms_triton.USE_TRITON = True
-res["kept"] = [len(got), 700]
-# equal scores on an integer grid (ties), and an IoU of exactly 7/10 against the threshold 0.7
-cells = torch.arange(40)
-x, y = (cells % 8).double() * 3, (cells // 8).double() * 3
-gb = torch.cat([torch.stack([x, y, x + 10, y + 10], 1), torch.tensor([[0., 0, 10, 10], [0, 0, 10, 7]])])
-gs = torch.cat([torch.full((40,), 0.9), torch.tensor([0.95, 0.5])])
-gg = torch.cat([torch.zeros(40, dtype=torch.long), torch.ones(2, dtype=torch.long)])
-got = nms_triton.grouped_nms(gb, gs, gg, 0.7, 2)
-res["grid"] = got.tolist() == greedy(gb, gs, gg, 0.7)
-res["iou_exactly_07_suppressed"] = 41 not in got.tolist() and 40 in got.tolist()
-res["empty"] = nms_triton.grouped_nms(torch.zeros((0, 4)), torch.zeros(0), torch.zeros(0, dtype=torch.long),
-                                      0.5, 3).tolist()
-# the whole driver on real photos: the same detections with either NMS
-imgs = [cv2.resize(samples.astronaut(), (220, 220), interpolation=cv2.INTER_AREA),
-        cv2.resize(samples.mosaic(4, 3), (300, 260), interpolation=cv2.INTER_AREA)]
-nets = [n().eval() for n in (PNet, RNet, ONet)]
-calls = []
-kept_fn = nms_triton.grouped_nms
-nms_triton.grouped_nms = lambda *a: calls.append(len(a[0])) or kept_fn(*a)
-args = (MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS, MTCNN_PYRAMID_FACTOR, "cpu")
-got = mb.detect_mtcnn_batched(imgs, *nets, *args)
-nms_triton.grouped_nms = kept_fn
-nms_triton.USE_TRITON = False
-want = mb.detect_mtcnn_batched(imgs, *nets, *args)
-res["triton_calls"] = len(calls)
-res["faces"] = [int((s >= 0.9).sum()) for _, s, _ in got]
-res["detections_equal"] = all(np.array_equal(a, b) for g, w in zip(got, want) for a, b in zip(g, w))
-print("RESULT" + json.dumps(res))
-"""
-
-
-def test_triton_grouped_nms_matches_greedy_nms_in_interpreter():
-    """The per-group NMS kernel (Triton's CPU interpreter) against the greedy definition and torchvision's nms:
-    random boxes in groups larger than one tile, an empty group, equal scores (ties by index), an IoU of exactly
-    the threshold (torchvision's CUDA nms compares with the float32 threshold), and the whole driver on two real
-    photos giving the same detections as with torchvision's nms."""
-    from triton_interp import run_in_interpreter
-
-    res = run_in_interpreter(_NMS_TRITON)
-    assert res["applies"] and res["random"] and res["random_vs_torchvision"], res
-    assert 100 < res["kept"][0] < res["kept"][1], res
-    assert res["grid"] and res["iou_exactly_07_suppressed"] and res["empty"] == [], res
-    assert res["triton_calls"] >= 3 and res["detections_equal"] and sum(res["faces"]) >= 3, res
-
-
-@pytest.mark.gpu
-def test_cuda_triton_grouped_nms_matches_torchvision():
-    """On CUDA: the per-group kernel keeps exactly what torchvision's CUDA nms keeps (one call over shifted groups,
-    unique scores), on ~16,000 boxes in 200 groups as after P-Net, and the detector finds the same faces with it."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    from gpen_tune.face import mtcnn_batched as mb
-    from gpen_tune.face import nms_triton
-
-    g = torch.Generator().manual_seed(3)
-    cells = torch.randint(0, 60, (16000, 2), generator=g).double() * 2        # integer windows, as P-Net's
-    side = torch.randint(12, 40, (16000, 1), generator=g).double()
-    boxes = torch.cat([cells, cells + side], 1).cuda()
-    scores = torch.randperm(16000, generator=g).double().cuda()
-    groups = torch.randint(0, 200, (16000,), generator=g).cuda()
-    if not nms_triton.applies(boxes):
-        pytest.skip("needs Triton")
-    got = mb.grouped_nms(boxes, scores, groups, 0.5, 200)
-    nms_triton.USE_TRITON = False
-    try:
-        want = mb.grouped_nms(boxes, scores, groups, 0.5, 200)
-        det = MTCNNDetector("cuda", pnet_graphs=False)
-        keys = ("mosaic6_0", "astronaut", "crop", "grace_hopper", "mosaic4_3")
-        before = det.detect([photo(k) for k in keys])
-    finally:
-        nms_triton.USE_TRITON = True
-    assert torch.equal(got, want) and 1000 < len(got) < 16000
-    after = det.detect([photo(k) for k in keys])
-    for a, b in zip(after, before, strict=True):
-        assert len(a) == len(b)
-        for fa, fb in zip(a, b, strict=True):
-            assert np.array_equal(fa.box, fb.box) and np.array_equal(fa.landmarks, fb.landmarks)

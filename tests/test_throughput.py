@@ -643,8 +643,7 @@ def test_lazy_detector_released_between_batches_is_thread_safe(tmp_path):
     """The tune part's LazyDetector with policy 'always' (released before every generator batch) under 2 prepare
     threads: a release never closes the detector while a thread is inside detect(), every image gets its faces,
     and the detector really was released and rebuilt."""
-    from gpen_tune.face.detect import init_detector
-    from gpen_tune.tune.lazy_detector import LazyDetector
+    from gpen_tune.face.detect import LazyDetector, init_detector
 
     lock = threading.Lock()
     state = {"busy": 0, "closed_while_busy": 0}
@@ -710,7 +709,7 @@ class _GatedDetector:
 
 
 def test_detector_server_batches_waiting_callers_and_isolates_failures():
-    from gpen_tune.throughput.detect_server import BatchingDetector
+    from gpen_tune.face.detect import BatchingDetector
 
     photos = [samples.astronaut(), samples.grace_hopper(), samples.mosaic(4, 0), samples.astronaut()[::2, ::2].copy()]
     alone = [len(d) for d in _GatedDetector().inner.detect(photos)]
@@ -759,7 +758,7 @@ def test_prepare_threads_default_to_six_per_finish_thread_on_cuda():
 def test_detector_server_shrinks_in_the_callers_thread_with_identical_detections():
     from face_testdata import mtcnn
 
-    from gpen_tune.throughput.detect_server import BatchingDetector
+    from gpen_tune.face.detect import BatchingDetector
 
     inner = mtcnn()
     big = cv2.resize(samples.mosaic(4, 0), None, fx=1.6, fy=1.6, interpolation=cv2.INTER_CUBIC)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from gpen_tune.bench.measure import MiB, peaks, reset_peak
-from gpen_tune.tune.lazy_detector import LazyDetector
+from gpen_tune.face.detect import LazyDetector
 
 SYNTHETIC_RETINAFACE = "retinaface-synthetic"
 

@@ -1,1 +1,1 @@
-"""Face pipeline: detect (detect.py), align (align.py), paste back (paste.py), drive it all (pipeline.py)."""
+"""Face pipeline: detect (the detect/ package), align (align.py), paste back (paste.py), drive it all (pipeline.py)."""

@@ -1,7 +1,7 @@
 """Opt-in: the face detector in a worker process of its own, serving the prepare threads in batches.
 
-Why: in a folder run the detector thread of `detect_server.BatchingDetector` runs hundreds of small torch ops
-per batch in Python (`gpen_tune.face.mtcnn_batched`) and competes for the GIL with ~60 other threads (H200: ~73
+Why: in a folder run the detector thread of `services.BatchingDetector` runs hundreds of small torch ops
+per batch in Python (`mtcnn_batched`) and competes for the GIL with ~60 other threads (H200: ~73
 images/s in the run against 292 images/s for the same driver alone, py-spy shows the GIL). A process has its
 own GIL and its own CUDA context. Measured (H200, no MPS, `benchmarks/throughput.py`): no faster while other
 stages also limited (331 vs 341 faces/s, 20261201-022528); once the detector was the only limit (session 7), faster
@@ -25,6 +25,7 @@ script that builds one needs the `if __name__ == "__main__":` guard (the child r
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing as mp
 import pickle
 import queue
@@ -36,8 +37,11 @@ from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
 import numpy as np
+import torch
 
-from gpen_tune.throughput.detect_queue import DetectRequest, take_batch
+from gpen_tune.face.detect.base import DEFAULT_DET_SIZE, Detection, detect_shrunk
+from gpen_tune.face.detect.build import build_backend
+from gpen_tune.face.detect.services import BatchingDetector, DetectRequest, is_lazy, take_batch
 
 MAX_IMAGES = 32                 # images per detector call, as BatchingDetector
 MIN_SEGMENT_BYTES = 32 << 20    # first shared-memory segment (pages are only committed when written)
@@ -46,6 +50,10 @@ START_TIMEOUT_S = 300.0         # spawn + import torch + build the detector (+ C
 STOP_TIMEOUT_S = 10.0           # close(): how long the child may take to exit before it is terminated
 
 _Packed = tuple[np.ndarray, np.ndarray, np.ndarray]       # boxes [N, 4], scores [N], landmarks [N, 5, 2]
+
+
+LAZY_REFUSED = ("the process detector does not support the lazy detector (--lazy-detector frees memory in this "
+                "process, the detector process holds its own): use one or the other")
 
 
 class DetectorProcessError(RuntimeError):
@@ -62,43 +70,27 @@ class DetectorSpec:
     name: str = "mtcnn"
     device: str = "cpu"
     threshold: float | None = None
-    det_size: int | None = 1024
+    det_size: int | None = DEFAULT_DET_SIZE
     weights: str | None = None
     torch_threads: int | None = None
 
     @classmethod
     def of(cls, detector: Any, weights: str | None = None) -> DetectorSpec:
-        """The spec of a built detector (a BatchingDetector is looked through); a lazy one is refused."""
-        from gpen_tune.throughput.detect_server import BatchingDetector
-
-        if isinstance(detector, BatchingDetector):
+        """The spec of a built backend (a BatchingDetector is looked through); a lazy one is refused. `weights`:
+        the backend's weights file when None (RetinaFace's; MTCNN's ship with facenet-pytorch)."""
+        if is_lazy(detector):
+            raise ValueError(LAZY_REFUSED)
+        while isinstance(detector, BatchingDetector):
             detector = detector.inner
-        if hasattr(detector, "before_restore"):
-            raise ValueError("the process detector does not support the lazy detector (--lazy-detector frees "
-                             "memory in this process, the detector process holds its own): use one or the other")
+        weights = weights if weights is not None else getattr(detector, "weights_path", None)
         return cls(name=detector.name, device=str(detector.device), threshold=detector.threshold,
                    det_size=detector.det_size, weights=None if weights is None else str(weights),
-                   torch_threads=_torch_threads())
-
-    @classmethod
-    def from_settings(cls, settings: Any, device: Any) -> DetectorSpec:
-        """The spec of the detector an Enhancer would build from its settings ("auto" is resolved in the child)."""
-        weights = settings.detector_weights
-        return cls(name=settings.detector, device=str(device), threshold=settings.det_threshold,
-                   det_size=settings.det_size, weights=None if weights is None else str(weights),
-                   torch_threads=_torch_threads())
+                   torch_threads=torch.get_num_threads())
 
     def build(self) -> Any:
-        from gpen_tune.face.detect import init_detector
-
-        return init_detector(self.name, device=self.device, weights=self.weights, threshold=self.threshold,
+        """The backend itself (in the child)."""
+        return build_backend(self.name, device=self.device, weights=self.weights, threshold=self.threshold,
                              det_size=self.det_size)
-
-
-def _torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
 
 
 class ProcessDetector:
@@ -111,8 +103,6 @@ class ProcessDetector:
 
     def __init__(self, spec: DetectorSpec, max_images: int = MAX_IMAGES, shrink_in_caller: bool = True,
                  start_timeout_s: float = START_TIMEOUT_S):
-        import torch
-
         self.spec = spec
         self.shrink_in_caller = shrink_in_caller
         self._max_images = max_images
@@ -159,10 +149,8 @@ class ProcessDetector:
         return payload
 
     # -- callers ------------------------------------------------------------------------------------------------
-    def detect(self, images: Sequence[np.ndarray]) -> list:
+    def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
         """Faces of every image (as the in-process detector: highest score first, original coordinates)."""
-        from gpen_tune.face.detect import detect_shrunk
-
         if not images:
             return []
         if self.shrink_in_caller and self.det_size:
@@ -246,6 +234,9 @@ class ProcessDetector:
                 self._shm.unlink()
             self._shm = None
 
+    def before_restore(self) -> None:
+        """Nothing to release in this process (the child holds the detector)."""
+
     # -- shutdown -----------------------------------------------------------------------------------------------
     def close(self) -> None:
         """Finish the queued requests, stop the child (terminated if it does not exit in time), free the segment."""
@@ -290,9 +281,7 @@ def _finish(batch: list[DetectRequest], error: BaseException | None = None) -> N
         r.done.set()
 
 
-def _unpack(packed: _Packed) -> list:
-    from gpen_tune.face.detect import Detection
-
+def _unpack(packed: _Packed) -> list[Detection]:
     boxes, scores, lms = packed
     return [Detection(box=boxes[i], score=float(scores[i]), landmarks=lms[i]) for i in range(len(scores))]
 
@@ -314,8 +303,6 @@ def _child_main(spec: DetectorSpec, conn: Any) -> None:
     """Build the detector, then serve batches until the parent says close or goes away (EOF on the pipe)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the parent's to handle; it closes us
     try:
-        import torch
-
         if spec.torch_threads:
             torch.set_num_threads(spec.torch_threads)
         detector = spec.build()
@@ -375,8 +362,6 @@ def _detach(shm: SharedMemory | None) -> None:
     try:
         shm.close()
     except BufferError:
-        import gc
-
         gc.collect()
         with contextlib.suppress(BufferError):
             shm.close()

@@ -17,8 +17,8 @@ the Solvay photo): the same boxes in the same number, max difference 1.3e-4 px o
 mixed-size batch gives each image its image-alone result to the same precision.
 
 Other differences from facenet's driver, none of which changes results:
-* NMS per (image, scale) for all scales at once, then per image, in one call each (`grouped_nms`: on CUDA one
-  Triton program per group, `nms_triton`; else one torchvision nms call with batched_nms semantics, without
+* NMS per (image, scale) for all scales at once, then per image, in one call each (`gpen_tune.ops.nms`: on CUDA
+  one Triton program per group; else one torchvision nms call with batched_nms semantics, without
   batched_nms's Python loop over groups for large inputs); equal P-Net scores are
   ranked by position (`_rank_key`), so ties do not depend on the other images of the batch;
 * the last stage's "Min" NMS runs on the host on the final few boxes, vectorised (`min_nms_host`);
@@ -31,14 +31,19 @@ index uploads are pinned and non-blocking), R-Net and O-Net: a few each, one dow
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
-import torchvision
 
-from gpen_tune.face import nms_triton
+from gpen_tune.ops import area_resize as area_ops
+from gpen_tune.ops import nms as nms_ops
+from gpen_tune.ops.area_resize import integral
+from gpen_tune.ops.nms import grouped_nms
 from gpen_tune.ops.transfer import to_device_async
+
+if TYPE_CHECKING:                    # the fixed-canvas P-Net (mtcnn_fixed.py) builds on this module
+    from gpen_tune.face.detect.mtcnn_fixed import FixedCanvasPNet
 
 PNET_MAX_PIXELS = 16 * 1024 * 1024   # canvas pixels per P-Net call (~150 B/px of activations: ~2.5 GB)
 CROPS_PER_CALL = 8192                # boxes per R-Net / O-Net call
@@ -60,12 +65,17 @@ def detect_mtcnn_batched(
     factor: float = 0.709,
     device: str | torch.device | None = None,
     fixed: FixedCanvasPNet | None = None,
+    nms: nms_ops.Impl = "auto",
+    area: area_ops.Impl = "auto",
 ) -> list[Result]:
     """Faces of every image: (boxes [N, 4] x1y1x2y2, scores [N], landmarks [N, 5, 2] (x, y)), float64.
 
     `images`: HWC RGB uint8 arrays of any sizes, or a uint8 tensor [B, H, W, 3]. Landmarks come in the networks'
     order (left eye, right eye, nose, mouth left, mouth right). No score threshold beyond the stage thresholds.
     `fixed`: run the P-Net stage through this fixed-canvas plan (CUDA graphs) when the batch fits it.
+    `nms` / `area`: the NMS and area-resize implementations (`gpen_tune.ops.nms` / `gpen_tune.ops.area_resize`:
+    "auto" = the Triton kernels where they can run, "torch" = the PyTorch twins, "triton"); the fixed plan's P-Net
+    uses the area resize it was made with.
     """
     device = torch.device(device) if device is not None else next(pnet.parameters()).device
     with torch.inference_mode():
@@ -75,13 +85,13 @@ def detect_mtcnn_batched(
         if fixed is not None and not isinstance(images, torch.Tensor) and fixed.fits(images):
             maps = fixed(list(images))
             driver = _Driver(maps.table, maps.sizes, pnet, rnet, onet, float(min_face), tuple(thresholds),
-                             float(factor), hw=maps.hw)
+                             float(factor), hw=maps.hw, nms=nms, area=area)
             return driver.run(maps)
         canvas, sizes = _upload(images, device)
         if canvas is None:
             return []
-        driver = _Driver(_integral(canvas), sizes, pnet, rnet, onet, float(min_face), tuple(thresholds),
-                         float(factor))
+        driver = _Driver(integral(canvas), sizes, pnet, rnet, onet, float(min_face), tuple(thresholds),
+                         float(factor), nms=nms, area=area)
         del canvas                                             # only its summed-area table is needed from here
         return driver.run()
 
@@ -126,7 +136,8 @@ def pyramid_scales(min_side: float, min_face: float, factor: float) -> list[floa
 class _Driver:
     """One batch through P-Net, R-Net and O-Net."""
 
-    def __init__(self, table, sizes, pnet, rnet, onet, min_face, thresholds, factor, hw=None):
+    def __init__(self, table, sizes, pnet, rnet, onet, min_face, thresholds, factor, hw=None,
+                 nms: nms_ops.Impl = "auto", area: area_ops.Impl = "auto"):
         self.device = table.device
         self.sizes = sizes                                     # host [B, 2] (h, w)
         self.pnet, self.rnet, self.onet = pnet, rnet, onet
@@ -135,6 +146,7 @@ class _Driver:
         self.b = len(sizes)
         self.hw = to_device_async(sizes, self.device) if hw is None else hw   # [>= B, 2] (h, w), int64
         self.table = table                                     # summed-area table [>= B, H+1, W+1, 3]
+        self.nms, self.area = nms, area                        # implementations (gpen_tune.ops)
 
     def run(self, maps: PNetMaps | None = None) -> list[Result]:
         boxes, img = self._stage1(*self.pyramid()) if maps is None else self._candidates(maps)
@@ -164,14 +176,16 @@ class _Driver:
             return torch.zeros((0, 5), device=self.device), torch.zeros(0, dtype=torch.long, device=self.device)
         planes = to_device_async(planes, self.device)                      # [P, 3] image id, level h, level w
         table = to_device_async(_chunk_table(chunks), self.device)         # [C, 5] see _chunk_table
-        mask, feats, edges = pnet_maps(self.pnet, self.table, self.hw, chunks, planes, self.thresholds[0])
+        mask, feats, edges = pnet_maps(self.pnet, self.table, self.hw, chunks, planes, self.thresholds[0],
+                                       self.area)
         return self._candidates(PNetMaps(self.table, self.sizes, self.hw, planes, table, mask, feats, edges))
 
     def _candidates(self, maps: PNetMaps) -> tuple[torch.Tensor, torch.Tensor]:
         """From P-Net's maps of every plane: candidates NMS'd per plane, then per image across scales."""
-        boxes, plane = _pnet_candidates(maps.mask, maps.feats, maps.edges, maps.chunk_table, len(maps.planes))
+        boxes, plane = _pnet_candidates(maps.mask, maps.feats, maps.edges, maps.chunk_table, len(maps.planes),
+                                        self.nms)
         img = maps.planes[plane, 0]
-        keep = grouped_nms(boxes[:, :4], boxes[:, 4], img, 0.7, self.b)   # across scales, within each image
+        keep = grouped_nms(boxes[:, :4], boxes[:, 4], img, 0.7, self.b, self.nms)   # across scales, per image
         boxes, img = boxes[keep], img[keep]
         w = (boxes[:, 2] - boxes[:, 0]).unsqueeze(1)
         h = (boxes[:, 3] - boxes[:, 1]).unsqueeze(1)
@@ -186,7 +200,7 @@ class _Driver:
         keep = (score > self.thresholds[1]).nonzero().squeeze(1)
         boxes = torch.cat([boxes[keep, :4], score[keep, None]], 1)
         img, reg = img[keep], reg[keep]
-        keep = grouped_nms(boxes[:, :4], boxes[:, 4], img, 0.7, self.b)
+        keep = grouped_nms(boxes[:, :4], boxes[:, 4], img, 0.7, self.b, self.nms)
         return square(regress(boxes[keep], reg[keep])), img[keep]
 
     def _stage3(self, boxes: torch.Tensor, img: torch.Tensor):
@@ -215,7 +229,7 @@ class _Driver:
 
         def crops(a: int, z: int) -> torch.Tensor:
             return area_resize(self.table, self.dtype, img[a:z], y0[a:z], x0[a:z], h[a:z], w[a:z], full[a:z],
-                               full[a:z], size, size)
+                               full[a:z], size, size, self.area)
 
         return boxes, img, *_run_chunked(net, crops, len(boxes))
 
@@ -247,7 +261,8 @@ class PNetMaps(NamedTuple):
 
 
 def pnet_maps(pnet: torch.nn.Module, table: torch.Tensor, hw: torch.Tensor, chunks: list[_Chunk],
-              planes: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              planes: torch.Tensor, threshold: float,
+              area: area_ops.Impl = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """All P-Net calls, queued back to back (no host sync, so also capturable in a CUDA graph): for every cell of
     every plane (chunk, image, row, column order) the threshold test [cells] and (score, 4 offsets) [cells, 5];
     the chunks' window edges (_window_edges, one table after the other). Kept: ~21 bytes per cell, far below one
@@ -262,7 +277,7 @@ def pnet_maps(pnet: torch.nn.Module, table: torch.Tensor, hw: torch.Tensor, chun
         img_hw = hw[img_ids]
         zeros = torch.zeros_like(lh)
         level = area_resize(table, dtype, img_ids, zeros, zeros, img_hw[:, 0], img_hw[:, 1], lh, lw,
-                            c.canvas_h, c.canvas_w)
+                            c.canvas_h, c.canvas_w, area)
         reg, prob = pnet_forward(pnet, level, lh, lw)
         score = prob[:, 1]                                      # [b, oh, ow]
         if score.shape[1:] != (c.out_h, c.out_w):
@@ -281,186 +296,12 @@ def pnet_maps(pnet: torch.nn.Module, table: torch.Tensor, hw: torch.Tensor, chun
 
 
 def area_resize(table: torch.Tensor, dtype: torch.dtype, img, top, left, in_h, in_w, out_h, out_w,
-                canvas_h: int, canvas_w: int) -> torch.Tensor:
-    """Normalised [N, 3, canvas_h, canvas_w]: for each n, the rectangle (top, left, in_h, in_w) of image img[n]
-    area-resized to (out_h[n], out_w[n]) as F.interpolate(mode="area") does; zeros beyond (out_h, out_w).
-    `table` is the batch's summed-area table (_integral). On CUDA one Triton kernel (`area_triton`, same bits)."""
-    from gpen_tune.face import area_triton
-
-    if area_triton.applies(table, dtype):
-        return area_triton.area_resize(table, img, top, left, in_h, in_w, out_h, out_w, canvas_h, canvas_w,
-                                       _NORM_MEAN, _NORM_SCALE)
-    r0, r1, r_ok = _area_bounds(top, in_h, out_h, canvas_h)     # [N, canvas_h]
-    c0, c1, c_ok = _area_bounds(left, in_w, out_w, canvas_w)    # [N, canvas_w]
-    rows, cols = table.shape[1], table.shape[2]
-    base = (img * rows)[:, None, None]
-    flat = table.view(-1, 3)
-
-    def at(r, c):
-        return flat[((base + r[:, :, None]) * cols + c[:, None, :]).reshape(-1)]
-
-    total = at(r1, c1) - at(r0, c1) - at(r1, c0) + at(r0, c0)
-    count = ((r1 - r0)[:, :, None] * (c1 - c0)[:, None, :]).clamp(min=1)
-    mean = total.view(*count.shape, 3).to(dtype) / count[..., None].to(dtype)
-    out = (mean - _NORM_MEAN) * _NORM_SCALE
-    out = out * (r_ok[:, :, None] & c_ok[:, None, :])[..., None]   # outside the image: 0 (like zero padding)
-    return out.permute(0, 3, 1, 2).contiguous()
-
-
-class FixedCanvasPNet:
-    """The P-Net stage for batches of images up to `side` x `side`, on a fixed canvas per batch bucket, replayed
-    from one CUDA graph per bucket (on CUDA; eager elsewhere, which the CPU tests use).
-
-    Why: P-Net over a pyramid of ~11 scales is ~2,000 small kernels per batch, launched from Python one by one:
-    the detector call was host-bound (75 ms alone for 21 photos, 33 ms of it GPU time; H200,
-    20261201-041142_detector_contention) and, worse, each launch needs the GIL, which a busy folder run holds
-    elsewhere. A replay is one launch.
-    How the plan is made fixed: every image of the bucket is a plane at every scale of a `side` x `side` image
-    (the largest pyramid any image that fits can have), on a canvas of that scale's level size. An image whose
-    own pyramid stops earlier, and the padding slots of the bucket, get a 1 x 1 level there: no P-Net cell at
-    all, so no candidate. Each real plane keeps its own level size (facenet's int(h * scale + 1)), area-resized
-    from the image's own pixels, so every image gets the cells it gets alone; only the canvas (zero padding) is
-    larger, which changes no cell the image has (see pnet_forward). Images are copied into one pinned host canvas
-    and uploaded with one copy; the pixels outside an image are never read (area_resize masks them).
-    Memory: one graph pool shared by the buckets (one replay at a time, outputs consumed before the next).
-    """
-
-    BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-
-    def __init__(self, pnet: torch.nn.Module, side: int, min_face: float, threshold: float, factor: float,
-                 graphs: bool | None = None, max_batch: int = 32):
-        self.buckets = tuple(b for b in self.BUCKETS if b < max_batch) + (int(max_batch),)
-        self.pnet, self.side = pnet, int(side)
-        self.min_face, self.threshold, self.factor = float(min_face), float(threshold), float(factor)
-        self.device = next(pnet.parameters()).device
-        self.dtype = next(pnet.parameters()).dtype
-        self.graphs = self.device.type == "cuda" if graphs is None else bool(graphs)
-        self.scales = pyramid_scales(self.side, self.min_face, self.factor)
-        self._slots: dict[int, _FixedSlot] = {}
-        self._pool = None
-        self._host: torch.Tensor | None = None          # pinned [bucket, side, side, 3] uint8
-        self._uploaded: torch.cuda.Event | None = None   # the last upload from _host (reused only after it)
-        self.replays = 0
-
-    def fits(self, images: Sequence[np.ndarray]) -> bool:
-        return (0 < len(images) <= self.buckets[-1] and bool(self.scales)
-                and all(img.shape[0] <= self.side and img.shape[1] <= self.side for img in images))
-
-    def __call__(self, images: Sequence[np.ndarray]) -> PNetMaps:
-        n = len(images)
-        bucket = next(b for b in self.buckets if b >= n)
-        slot = self._slots.get(bucket) or self._build(bucket)
-        sizes = np.array([img.shape[:2] for img in images], dtype=np.int64)
-        padded = np.zeros((bucket, 2), np.int64)
-        padded[:n] = sizes
-        host = self._host_canvas(bucket)
-        pixels = host.numpy()
-        for i, img in enumerate(images):                      # the rest of each slot is never read
-            pixels[i, :img.shape[0], :img.shape[1]] = img
-        small = np.concatenate([padded.reshape(-1), self._planes(padded).reshape(-1)])
-        slot.canvas.copy_(host[:bucket], non_blocking=True)
-        slot.small.copy_(_pinned(small), non_blocking=True)
-        if self.device.type == "cuda":
-            self._uploaded = torch.cuda.Event()
-            self._uploaded.record()
-        if slot.graph is not None:
-            slot.graph.replay()
-            self.replays += 1
-        else:
-            slot.outputs = self._compute(slot)
-        table, mask, feats, edges = slot.outputs
-        return PNetMaps(table, sizes, slot.hw, slot.planes, slot.chunk_table, mask, feats, edges)
-
-    def capture_all(self) -> None:
-        """Build (and on CUDA capture) every bucket now rather than at its first batch."""
-        for bucket in self.buckets:
-            if bucket not in self._slots:
-                self._build(bucket)
-
-    # -- plan ----------------------------------------------------------------------------------------------------
-    def _chunks(self, bucket: int) -> list[_Chunk]:
-        """Per scale, the bucket's images on that scale's canvas, in calls of at most PNET_MAX_PIXELS (float32)."""
-        budget = PNET_MAX_PIXELS * 4 // self.dtype.itemsize
-        chunks, n = [], 0
-        for scale in self.scales:
-            level = int(self.side * scale + 1)
-            per_call = max(1, budget // (level * level))
-            for start in range(0, bucket, per_call):
-                k = min(per_call, bucket - start)
-                chunks.append(_Chunk(scale, n, n + k, level, level))
-                n += k
-        return chunks
-
-    def _planes(self, sizes: np.ndarray) -> np.ndarray:
-        """[bucket * scales, 3] (image id, level h, level w) in the fixed chunk order; 1 x 1 where the image's own
-        pyramid has no such scale (or the slot is padding)."""
-        n_scales = np.array([len(pyramid_scales(min(h, w), self.min_face, self.factor)) for h, w in sizes])
-        rows = []
-        for k, scale in enumerate(self.scales):
-            level = (sizes * scale + 1).astype(np.int64)               # facenet's int(h * scale + 1)
-            level[n_scales <= k] = 1
-            rows.append(np.column_stack([np.arange(len(sizes)), level]))
-        return np.concatenate(rows)
-
-    # -- buffers, capture ------------------------------------------------------------------------------------------
-    def _host_canvas(self, bucket: int) -> torch.Tensor:
-        if self._uploaded is not None:
-            self._uploaded.synchronize()            # the previous upload has left the pinned buffer
-        if self._host is None or self._host.shape[0] < bucket:
-            host = torch.zeros((bucket, self.side, self.side, 3), dtype=torch.uint8)
-            self._host = host.pin_memory() if self.device.type == "cuda" else host
-        return self._host
-
-    def _build(self, bucket: int) -> _FixedSlot:
-        chunks = self._chunks(bucket)
-        n_planes = chunks[-1].last
-        slot = _FixedSlot(
-            chunks=chunks,
-            canvas=torch.zeros((bucket, self.side, self.side, 3), dtype=torch.uint8, device=self.device),
-            small=torch.zeros(bucket * 2 + n_planes * 3, dtype=torch.int64, device=self.device),
-            chunk_table=torch.as_tensor(_chunk_table(chunks), device=self.device),
-        )
-        slot.hw = slot.small[:bucket * 2].view(bucket, 2)
-        slot.planes = slot.small[bucket * 2:].view(n_planes, 3)
-        if self.graphs:
-            slot.graph, slot.outputs = self._capture(slot)
-        self._slots[bucket] = slot
-        return slot
-
-    def _compute(self, slot: _FixedSlot):
-        table = _integral(slot.canvas)
-        return (table, *pnet_maps(self.pnet, table, slot.hw, slot.chunks, slot.planes, self.threshold))
-
-    def _capture(self, slot: _FixedSlot):
-        """Warm up on a side stream (cuDNN picks its kernels outside the capture), then capture one call."""
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        side_stream = torch.cuda.Stream(device=self.device)
-        side_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side_stream):
-            for _ in range(2):
-                self._compute(slot)
-        torch.cuda.current_stream(self.device).wait_stream(side_stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            outputs = self._compute(slot)
-        return graph, outputs
-
-
-class _FixedSlot:
-    """One bucket's static buffers (inputs: canvas, hw and planes; outputs: table, mask, feats, edges) and graph."""
-
-    def __init__(self, chunks: list[_Chunk], canvas: torch.Tensor, small: torch.Tensor, chunk_table: torch.Tensor):
-        self.chunks, self.canvas, self.small, self.chunk_table = chunks, canvas, small, chunk_table
-        self.hw: torch.Tensor
-        self.planes: torch.Tensor
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.outputs: tuple[torch.Tensor, ...] | None = None
-
-
-def _pinned(array: np.ndarray) -> torch.Tensor:
-    t = torch.from_numpy(np.ascontiguousarray(array))
-    return t.pin_memory() if torch.cuda.is_available() else t
+                canvas_h: int, canvas_w: int, impl: area_ops.Impl = "auto") -> torch.Tensor:
+    """Normalised [N, 3, canvas_h, canvas_w] network input: for each n, the rectangle (top, left, in_h, in_w) of
+    image img[n] area-resized to (out_h[n], out_w[n]) as F.interpolate(mode="area") does; zeros beyond (out_h,
+    out_w). `table` is the batch's summed-area table (`integral`). See `gpen_tune.ops.area_resize`."""
+    return area_ops.area_resize(table, dtype, img, top, left, in_h, in_w, out_h, out_w, canvas_h, canvas_w,
+                                _NORM_MEAN, _NORM_SCALE, impl)
 
 
 class _Chunk(NamedTuple):
@@ -526,7 +367,7 @@ def _window_edges(n: int, scale: float, dtype: torch.dtype, device: torch.device
 
 
 def _pnet_candidates(mask: torch.Tensor, feats: torch.Tensor, edges: torch.Tensor, table: torch.Tensor,
-                     num_planes: int):
+                     num_planes: int, nms: nms_ops.Impl = "auto"):
     """P-Net windows passing the threshold, NMS'd at 0.5 per plane (image and scale) as facenet does per image and
     scale: [K, 9] (box, score, offsets) and plane ids, chunk by chunk, each chunk's boxes in score order."""
     flat = mask.nonzero().squeeze(1)                # the host sync: data-dependent size, once for all scales
@@ -539,10 +380,11 @@ def _pnet_candidates(mask: torch.Tensor, feats: torch.Tensor, edges: torch.Tenso
     plane = first + n
     key = _rank_key(cand[:, 4])
     spans = [(0, len(flat))]
-    if len(flat) > NMS_MAX_BOXES and not nms_triton.applies(cand):   # bound torchvision's N x N bit mask: a few
+    if len(flat) > NMS_MAX_BOXES and not nms_ops.uses_triton(cand, nms):   # bound torchvision's N x N bit mask: a few
         spans = _spans(torch.searchsorted(flat, table[:, 0].contiguous()).tolist() + [len(flat)],  # whole chunks
                        NMS_MAX_BOXES)
-    keep = torch.cat([a + grouped_nms(cand[a:z, :4], key[a:z], plane[a:z], 0.5, num_planes) for a, z in spans])
+    keep = torch.cat([a + grouped_nms(cand[a:z, :4], key[a:z], plane[a:z], 0.5, num_planes, nms)
+                      for a, z in spans])
     keep = keep[torch.sort(chunk[keep], stable=True).indices]   # chunk-major, score order within (as per chunk)
     return cand[keep], plane[keep]
 
@@ -568,26 +410,6 @@ def _spans(bounds: list[int], limit: int) -> list[tuple[int, int]]:
 
 def _empty() -> Result:
     return np.zeros((0, 4)), np.zeros(0), np.zeros((0, 5, 2))
-
-
-def _integral(canvas: torch.Tensor) -> torch.Tensor:
-    """Summed-area table [B, H+1, W+1, 3] of a uint8 [B, H, W, 3] batch, in exact integers."""
-    b, h, w, _ = canvas.shape
-    dtype = torch.int32 if 255 * h * w < 2**31 else torch.int64
-    table = torch.zeros((b, h + 1, w + 1, 3), dtype=dtype, device=canvas.device)
-    table[:, 1:, 1:] = canvas.to(dtype).cumsum(1, dtype=dtype).cumsum(2, dtype=dtype)
-    return table
-
-
-def _area_bounds(start, in_len, out_len, n: int):
-    """Adaptive-average-pool bounds of output cells 0..n-1: [floor(i*in/out), ceil((i+1)*in/out)) + start.
-    Cells at or beyond out_len get an empty range and ok=False."""
-    i = torch.arange(n, device=start.device)[None]
-    in_len, out_len, start = in_len[:, None], out_len[:, None], start[:, None]
-    ok = i < out_len
-    lo = torch.where(ok, start + (i * in_len) // out_len, 0)
-    hi = torch.where(ok, start + ((i + 1) * in_len + out_len - 1) // out_len, 0)
-    return lo, hi, ok
 
 
 def pnet_forward(pnet: torch.nn.Module, x: torch.Tensor, heights: torch.Tensor, widths: torch.Tensor):
@@ -648,25 +470,6 @@ def square(boxes: torch.Tensor) -> torch.Tensor:
     out[:, 2] = out[:, 0] + side
     out[:, 3] = out[:, 1] + side
     return out
-
-
-def grouped_nms(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, iou: float,
-                num_groups: int | None = None) -> torch.Tensor:
-    """torchvision.ops.batched_nms semantics (boxes of different groups never suppress each other) in one call.
-
-    On CUDA with Triton and `num_groups` (groups are in [0, num_groups)): one program per group
-    (`nms_triton`, the groups' greedy passes run in parallel). Else torchvision's nms: batched_nms itself switches
-    to a Python loop over groups for large inputs; here every group is shifted to its own coordinate range (in
-    float64, so the shift costs no precision) and one nms runs over all of them.
-    """
-    if boxes.numel() == 0:
-        return torch.zeros(0, dtype=torch.long, device=boxes.device)
-    if num_groups is not None and nms_triton.applies(boxes):
-        return nms_triton.grouped_nms(boxes, scores, groups, iou, num_groups)
-    b = boxes.double()
-    span = b.max() - b.min() + 1
-    shifted = b + (groups.double() * span)[:, None]
-    return torchvision.ops.nms(shifted, scores.double(), iou)
 
 
 def min_nms_host(boxes: np.ndarray, scores: np.ndarray, groups: np.ndarray, threshold: float) -> np.ndarray:

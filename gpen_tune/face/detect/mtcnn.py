@@ -1,0 +1,143 @@
+"""MTCNN (`mtcnn`): facenet-pytorch's networks, whose weights ship inside the wheel (MIT): works offline. On a GPU
+driven by our batched driver (mtcnn_batched.py, P-Net from CUDA graphs: mtcnn_fixed.py), on the CPU by facenet's
+own (faster there)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+from gpen_tune.face.detect import mtcnn_batched
+from gpen_tune.face.detect.base import DEFAULT_DET_SIZE, DetectorError, FaceDetector
+from gpen_tune.face.detect.mtcnn_fixed import FixedCanvasPNet
+from gpen_tune.ops import area_resize as area_ops
+from gpen_tune.ops import nms as nms_ops
+
+MTCNN_MIN_FACE = 20              # px at detection scale (facenet-pytorch default)
+MTCNN_STAGE_THRESHOLDS = (0.6, 0.7, 0.7)
+MTCNN_PYRAMID_FACTOR = 0.709
+MTCNN_MAX_BATCH = 32             # images per batched-MTCNN call, of any sizes (P-Net chunks itself by pixels)
+PNET_GRAPHS_MIN_GIB = 12         # MTCNN on CUDA: P-Net from CUDA graphs by default on GPUs at least this large
+
+
+class MTCNNDetector(FaceDetector):
+    """facenet-pytorch's MTCNN networks (weights in the wheel) driven by our batched driver
+    (`mtcnn_batched`): up to `MTCNN_MAX_BATCH` images of any sizes per call on a GPU.
+
+    On the CPU, images are still grouped by size (`mixed_sizes` False there): batching brings no speed on the CPU,
+    and the CPU convolution picks another code path by batch size (native below 2 images, oneDNN above), so
+    an image's landmarks would depend on its batch mates by a float32 ULP, enough to change restored pixels
+    downstream when serial and pipelined runs are compared.
+    """
+
+    name = "mtcnn"
+    mixed_sizes = True
+    max_batch = MTCNN_MAX_BATCH
+
+    def __init__(self, device="cpu", threshold=None, det_size=DEFAULT_DET_SIZE, pnet_graphs: bool | None = None,
+                 nms: nms_ops.Impl = "auto", area: area_ops.Impl = "auto"):
+        """`pnet_graphs`: replay the P-Net stage from CUDA graphs (`FixedCanvasPNet`); None = on CUDA devices with
+        at least PNET_GRAPHS_MIN_GIB of memory (the graphs keep ~1-2 GB of buffers).
+        `nms` / `area`: the batched driver's NMS and area-resize implementations ("auto": the Triton kernels where
+        they can run, "torch": the PyTorch twins; see `gpen_tune.ops.nms` / `gpen_tune.ops.area_resize`)."""
+        super().__init__(device, threshold, det_size)
+        self.mixed_sizes = self.device.type != "cpu"
+        self.pnet_graphs = pnet_graphs
+        self._check_impls(nms, area)
+        self.nms, self.area = nms, area
+        self._fixed: FixedCanvasPNet | None = None
+        self._fixed_lock = threading.Lock()
+        try:
+            from facenet_pytorch.models.mtcnn import ONet, PNet, RNet  # optional heavy dependency: facenet-pytorch
+        except ImportError as e:
+            raise DetectorError(
+                "the offline detector needs facenet-pytorch: pip install --no-deps facenet-pytorch==2.6.0"
+            ) from e
+        # float32 everywhere: float64 networks on the GPU (tried for batch-invariant landmarks) made a folder run
+        # 1.5x slower (cuDNN's float64 convs) and did not change the serial-vs-pipeline pixel differences, which
+        # come from the half-precision generator's batch sizes (20261130-200449 vs -195016 throughput runs)
+        self.pnet, self.rnet, self.onet = (net().to(self.device).eval() for net in (PNet, RNet, ONet))
+
+    @staticmethod
+    def _check_impls(nms: str, area: str) -> None:
+        if nms not in nms_ops.IMPLS or area not in area_ops.IMPLS:
+            raise ValueError(f"nms and area must be one of {', '.join(nms_ops.IMPLS)}, got {nms!r}, {area!r}")
+
+    def set_impls(self, nms: nms_ops.Impl | None = None, area: area_ops.Impl | None = None,
+                  max_batch: int | None = None) -> None:
+        """Switch the driver's kernels or images per call (benchmarks' A/B); a new area resize or batch bound
+        drops the P-Net graphs (they hold the kernels and buckets they were captured with): captured again on next
+        use or by `capture_graphs`."""
+        self._check_impls(nms or self.nms, area or self.area)
+        with self._fixed_lock:
+            if (area or self.area) != self.area or (max_batch or self.max_batch) != self.max_batch:
+                self._fixed = None
+            self.nms, self.area = nms or self.nms, area or self.area
+            self.max_batch = max_batch or self.max_batch
+
+    def to(self, device):
+        self._fixed = None                  # its graphs point at the networks' old buffers
+        super().to(device)
+        self.mixed_sizes = self.device.type != "cpu"
+        return self
+
+    def _networks(self):
+        return [n for n in (self.pnet, self.rnet, self.onet) if n is not None]
+
+    def _drop_networks(self):
+        self.pnet = self.rnet = self.onet = None
+        self._fixed = None
+
+    @property
+    def uses_pnet_graphs(self) -> bool:
+        if self.device.type != "cuda" or not self.det_size or self.pnet_graphs is False:
+            return False
+        if self.pnet_graphs is None:
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            return total >= PNET_GRAPHS_MIN_GIB * 2**30
+        return True
+
+    def capture_graphs(self) -> None:
+        """Capture the P-Net graphs of every batch bucket now (else each is captured by its first batch)."""
+        if self.uses_pnet_graphs and self.pnet is not None:
+            with self._fixed_lock:
+                self._fixed_pnet().capture_all()
+
+    def _fixed_pnet(self) -> FixedCanvasPNet:
+        if self._fixed is None:
+            self._fixed = FixedCanvasPNet(self.pnet, self.det_size, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS[0],
+                                          MTCNN_PYRAMID_FACTOR, max_batch=self.max_batch, area=self.area)
+        return self._fixed
+
+    def _detect_batch(self, batch):
+        if self.pnet is None:
+            raise DetectorError("detector was closed")
+        if not self.mixed_sizes:           # the CPU default: same-size stacks through facenet's driver
+            return self._detect_batch_facenet(batch)
+        args = (list(batch), self.pnet, self.rnet, self.onet, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS,
+                MTCNN_PYRAMID_FACTOR, self.device)
+        # through the module: a benchmark's A/B may run an earlier driver file in its place
+        if not self.uses_pnet_graphs:
+            return mtcnn_batched.detect_mtcnn_batched(*args, nms=self.nms, area=self.area)
+        with self._fixed_lock:             # the fixed plan's buffers serve one call at a time
+            return mtcnn_batched.detect_mtcnn_batched(*args, fixed=self._fixed_pnet(), nms=self.nms, area=self.area)
+
+    def _detect_batch_facenet(self, batch: np.ndarray):
+        """facenet-pytorch's own driver, for the CPU: there its per-box work is cheap and our driver's summed-area
+        tables cost more (0.5-0.8x its speed, measured on 2 cores); same detections to 1.3e-4 px (tested)."""
+        from facenet_pytorch.models.utils.detect_face import detect_face  # optional heavy dep.: facenet-pytorch
+
+        if min(batch.shape[1:3]) < MTCNN_MIN_FACE:       # no pyramid level fits: nothing to find
+            empty = (np.zeros((0, 4)), np.zeros(0), np.zeros((0, 5, 2)))
+            return [empty] * len(batch)
+        boxes, points = detect_face(
+            batch, MTCNN_MIN_FACE, self.pnet, self.rnet, self.onet,
+            list(MTCNN_STAGE_THRESHOLDS), MTCNN_PYRAMID_FACTOR, self.device,
+        )
+        out = []
+        for b, p in zip(boxes, points, strict=True):
+            b = np.asarray(b, dtype=np.float64).reshape(-1, 5)
+            out.append((b[:, :4], b[:, 4], np.asarray(p, dtype=np.float64).reshape(-1, 5, 2)))
+        return out

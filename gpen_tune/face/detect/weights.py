@@ -1,0 +1,96 @@
+"""Detector weights: the cache folder, downloads through gpen_tune's own downloader, and the offline probe of the
+`auto` choice (RetinaFace-R50 when its weights are cached or downloadable, else MTCNN, whose weights ship inside
+facenet-pytorch's wheel)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+from gpen_tune.weights.cache import cache_dir
+from gpen_tune.weights.download import download
+
+REACH_TIMEOUT_S = 3.0            # `auto` never waits longer than this to learn that it is offline
+
+_RELEASE = "https://github.com/xinntao/facexlib/releases/download/v0.1.0/"
+RETINAFACE_WEIGHTS = {           # name -> (cache file name, facexlib release URL)
+    "retinaface_resnet50": ("detection_Resnet50_Final.pth", _RELEASE + "detection_Resnet50_Final.pth"),
+    "retinaface_mobile0.25": ("detection_mobilenet0.25_Final.pth", _RELEASE + "detection_mobilenet0.25_Final.pth"),
+}
+AUTO_RETINAFACE = "retinaface_resnet50"
+
+
+def detector_cache_dir() -> Path:
+    return cache_dir() / "detectors"
+
+
+def fetch_weights(url: str, filename: str | None = None, timeout: float = 30.0, retries: int = 3) -> Path:
+    """A file from `url` in `cache_dir()/detectors/` (downloaded once, through gpen_tune's own downloader)."""
+    dest = detector_cache_dir() / (filename or Path(urlparse(url).path).name)
+    if dest.is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return download(url, dest, timeout=timeout, retries=retries)
+
+
+def is_url(weights: str | Path | None) -> bool:
+    return weights is not None and str(weights).startswith(("http://", "https://"))
+
+
+def resolve_retinaface(name: str, weights: str | Path | None) -> Path:
+    """The local weights file of RetinaFace `name`: the file given, or the URL given / the release file fetched."""
+    filename, url = RETINAFACE_WEIGHTS[name]
+    if weights is None:
+        return fetch_weights(url, filename)
+    if is_url(weights):
+        return fetch_weights(str(weights))
+    return Path(weights).expanduser()
+
+
+def auto_retinaface_weights(weights: str | Path | None) -> tuple[Path | None, str]:
+    """`auto`'s probe: (RetinaFace-R50 weights file, "") when a local file was given, the file is cached or it can
+    be downloaded now; else (None, why not)."""
+    filename, url = RETINAFACE_WEIGHTS[AUTO_RETINAFACE]
+    if weights is not None and not is_url(weights):
+        return Path(weights).expanduser(), ""
+    url = str(weights) if weights is not None else url
+    cached = detector_cache_dir() / (filename if weights is None else Path(urlparse(url).path).name)
+    if cached.is_file():
+        return cached, ""
+    if not reachable(url):
+        return None, f"{urlparse(url).hostname} is unreachable"
+    try:
+        return fetch_weights(url, cached.name, timeout=10.0, retries=1), ""
+    except Exception as e:  # noqa: BLE001 - any download failure means: fall back
+        return None, str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def auto_fallback_notice(reason: str) -> str:
+    filename = RETINAFACE_WEIGHTS[AUTO_RETINAFACE][0]
+    return (f"RetinaFace weights not cached and not downloadable ({reason}): using the offline MTCNN detector; "
+            f"put {filename} into {detector_cache_dir()} or pass --detector-weights PATH for RetinaFace")
+
+
+def reachable(url: str, timeout: float = REACH_TIMEOUT_S) -> bool:
+    """Whether the URL's host accepts a TCP connection within `timeout` (DNS included: it runs in a thread)."""
+    if os.environ.get("GPEN_TUNE_OFFLINE"):
+        return False
+    parsed = urlparse(url)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    ok: list[bool] = []
+
+    def probe() -> None:
+        try:
+            with socket.create_connection((parsed.hostname, port), timeout=timeout):
+                ok.append(True)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    t.join(timeout + 0.5)
+    return bool(ok)
+
