@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from gpen_tune.fast import fuse, reference_forward  # noqa: E402
 from gpen_tune.model import MODELS, GPENConfig  # noqa: E402
-from gpen_tune.model.load import load_model  # noqa: E402
+from gpen_tune.load import load_model  # noqa: E402
 
 PEAK_TFLOPS_BF16 = 790.0  # dense bf16 GEMM measured on this workplace's H200s (device/KINDS.md, 2026-10-28/11-04)
 MIB = 2**20

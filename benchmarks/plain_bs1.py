@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpen_tune.bench.measure import summary, time_calls  # noqa: E402
-from gpen_tune.model.load import load_model  # noqa: E402
+from gpen_tune.load import load_model  # noqa: E402
 from gpen_tune.ops import fir_triton  # noqa: E402
 from gpen_tune.tune.amp import cast_model  # noqa: E402
 from gpen_tune.tune.cuda_graph import GraphedForward  # noqa: E402

@@ -42,9 +42,9 @@ sys.path.insert(0, str(ROOT))
 
 from gpen_tune.face import samples  # noqa: E402
 from gpen_tune.face.pipeline import Enhancer, EnhanceSettings  # noqa: E402
-from gpen_tune.model.load import load_model  # noqa: E402
+from gpen_tune.load import load_model  # noqa: E402
 from gpen_tune.throughput import enhance_folder  # noqa: E402
-from gpen_tune.throughput.restorer import FixedBatch, call_deferred  # noqa: E402
+from gpen_tune.restore.restorer import Restorer, build_restorer  # noqa: E402
 
 TARGETS = {"faces_per_s": 300.0, "speedup_vs_serial": 3.0, "gpu_busy": 0.80}
 
@@ -115,10 +115,6 @@ class BusyMeter:
         self.cpu_s = 0.0
         self.calls = 0
 
-    @property
-    def max_batch(self):
-        return getattr(self.restore, "max_batch", None)
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         if x.device.type != "cuda":
@@ -126,27 +122,14 @@ class BusyMeter:
             y = self.restore(x)
             self.cpu_s += time.perf_counter() - t
             return y
-        return self._timed(x, deferred=False)[0]
-
-    def forward_deferred(self, x: torch.Tensor):
-        """The NaN guard's flag passed through (no host sync per batch), as the library's runner asks for."""
-        if x.device.type != "cuda":
-            return self(x), None
-        self.calls += 1
-        return self._timed(x, deferred=True)
-
-    def _timed(self, x: torch.Tensor, deferred: bool):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        y, finite = call_deferred(self.restore, x) if deferred else (self.restore(x), None)
+        y = self.restore(x)
         end.record()
         self.events.append((start, end))
-        return y, finite
+        return y
 
-    def recover(self, x: torch.Tensor) -> torch.Tensor:
-        return self.restore.recover(x)
-
-    def reset(self) -> None:
+    def clear(self) -> None:
         self.events, self.cpu_s, self.calls = [], 0.0, 0
         self.origin = None
         if torch.cuda.is_available():
@@ -274,7 +257,7 @@ class Sampler:
 
 def measure(name: str, run, meter: BusyMeter, device: torch.device) -> dict:
     """Run one path and return its numbers."""
-    meter.reset()
+    meter.clear()
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -429,15 +412,15 @@ def environment(device: torch.device) -> dict:
     return env
 
 
-def build_restore(model, preset: str, device: torch.device):
-    """The generator callable: the tune part's build_restorer for a preset ('none' = plain fp32 eager)."""
+def build_restore(model, preset: str, device: torch.device, batch: int):
+    """The Restorer of a preset ('none' = plain fp32 eager), starting limit `batch`."""
     if preset == "none":
-        return model, {"preset": "none"}
+        return Restorer(model, device=device, size=model.size, max_batch=batch), {"preset": "none"}
     from dataclasses import asdict
 
-    from gpen_tune.tune import PRESETS, build_restorer
+    from gpen_tune.tune import PRESETS
 
-    restorer = build_restorer(model, PRESETS[preset], device)
+    restorer = build_restorer(model, PRESETS[preset], device=device, max_batch=batch)
     return restorer, {"preset": preset, "requested": asdict(restorer.cfg), "effective": asdict(restorer.effective),
                       "fallbacks": restorer.fallbacks}
 
@@ -475,9 +458,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ab-caller-shrink", action="store_true",
                     help="also run the pipeline with the previous detector thread (it shrinks every image itself, "
                          "on the default CUDA stream): A/B in the same run")
-    ap.add_argument("--ab-detector-priority", action="store_true",
-                    help="also run the pipeline with the detector's CUDA stream at high priority, then the default "
-                         "again: A/B/A in the same run")
     ap.add_argument("--ab-detector-process", action="store_true",
                     help="also run the pipeline with the detector in a process of its own (own GIL, own CUDA "
                          "context; pixels through shared memory): A/B in the same run")
@@ -537,18 +517,19 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.backends.cudnn.benchmark = False
     model = load_model(args.weights, model=args.model, device=device)
-    restore, tune_info = build_restore(model, args.preset, device)
+    restore, tune_info = build_restore(model, args.preset, device, batch)
     effective = tune_info.get("effective", {})
     # torch.compile: one input shape, one compile (every batch padded to `batch`); CUDA graphs alone pad each
     # batch to its bucket (1, 2, 4, ..., batch), all captured during the warm-up below
     compiled_or_graphed = bool(effective.get("compile"))
     graphed = bool(effective.get("cuda_graph"))
-    restore_fn = FixedBatch(restore, batch) if compiled_or_graphed else restore
-    meter = BusyMeter(restore_fn)
+    meter = BusyMeter(restore.forward)
+    restore.forward = meter                 # CUDA events around every generator call (the Restorer pads compiled)
+    restore_fn = restore
     settings = EnhanceSettings(model=args.model, weights=args.weights, detector=args.detector, device=device.type,
                                batch_size=batch, det_size=args.det_size or None)
     inner = getattr(restore, "model", None)
-    enhancer = Enhancer(settings, model=inner if inner is not None else model, restore=meter)
+    enhancer = Enhancer(settings, model=inner if inner is not None else model, restore=restore)
 
     # warm-up: compile / graph capture / cuDNN / detector, on a few images through both paths (not timed below)
     print("warming up ...", flush=True)
@@ -645,14 +626,6 @@ def main(argv: list[str] | None = None) -> int:
         kept = getattr(owner, attr)
         ab_a(name, what, out_dir, lambda: setattr(owner, attr, value), lambda: setattr(owner, attr, kept))
 
-    if args.ab_detector_priority and hasattr(server, "stream_priority"):
-        kept_priority = server.stream_priority
-
-        def set_priority(p):
-            server.stream_priority, server._stream = p, None
-
-        ab_a("pipeline_detector_high_priority", "detector stream at high priority", "out_pipeline_p0",
-             lambda: set_priority(-1), lambda: set_priority(kept_priority))
     if args.ab_switch_interval:
         from gpen_tune.throughput import runner as runner_module
 

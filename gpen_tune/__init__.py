@@ -11,7 +11,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 _LAZY = {
-    "load_model": ("gpen_tune.model.load", "load_model"),
+    "load_model": ("gpen_tune.load", "load_model"),
     "FullGenerator": ("gpen_tune.model.gpen", "FullGenerator"),
     "GPENConfig": ("gpen_tune.model.configs", "GPENConfig"),
     "MODELS": ("gpen_tune.model.configs", "MODELS"),

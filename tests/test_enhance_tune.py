@@ -123,7 +123,7 @@ def test_compiled_restorer_sees_one_batch_shape_in_the_runner(folder, tmp_path):
 
     from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, OutputNaming
     from gpen_tune.model.configs import GPENConfig
-    from gpen_tune.model.load import load_model
+    from gpen_tune.load import load_model
     from gpen_tune.throughput.api import run_jobs
     from gpen_tune.tune import TuneConfig
     from gpen_tune.tune.restorer import Restorer

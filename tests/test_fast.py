@@ -23,7 +23,7 @@ from gpen_tune.fast import FastOptions, fuse, reference_forward
 from gpen_tune.fast import epilogue as E
 from gpen_tune.fast.fused import _fold_blur
 from gpen_tune.model import GPENConfig
-from gpen_tune.model.load import load_model
+from gpen_tune.load import load_model
 from gpen_tune.ops.fir import fused_leaky_relu, make_kernel, upfirdn2d
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -251,7 +251,7 @@ _TRITON_SCRIPT = textwrap.dedent("""
     import json, torch
     from gpen_tune.fast import epilogue as E, triton_kernels as T, fuse
     from gpen_tune.model import GPENConfig
-    from gpen_tune.model.load import load_model
+    from gpen_tune.load import load_model
     from gpen_tune.ops.fir import make_kernel
     torch.manual_seed(0)
     cl = torch.channels_last

@@ -13,7 +13,7 @@ import json, sys, torch
 sys.path.insert(0, "tests")
 from gpen_reference import gpen_forward_ref
 from gpen_tune.model import GPENConfig
-from gpen_tune.model.load import load_model
+from gpen_tune.load import load_model
 from gpen_tune.ops import fir_triton
 from gpen_tune.ops.fir import make_kernel, upfirdn2d
 

@@ -23,7 +23,7 @@ import torch
 from gpen_tune.face import samples
 from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, OutputNaming
 from gpen_tune.model.configs import GPENConfig
-from gpen_tune.model.load import load_model
+from gpen_tune.load import load_model
 from gpen_tune.throughput import enhance_folder
 from gpen_tune.throughput.batching import bucket_floor, split_sizes
 from gpen_tune.throughput.restorer import CropRestorer

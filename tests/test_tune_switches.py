@@ -20,7 +20,7 @@ from gpen_tune.model.layers import (
     StyledConv,
     ToRGB,
 )
-from gpen_tune.model.load import load_model
+from gpen_tune.load import load_model
 from gpen_tune.tune import TuneConfig, act_checkpoint, amp, build_restorer, cuda_graph, face_crop, lazy_detector
 from gpen_tune.tune.live_memory import generator_activation_peak
 from gpen_tune.tune.restorer import Restorer

@@ -61,7 +61,8 @@ def demo(
                                            "picks from free GPU memory.", case_sensitive=False)] = Preset.auto,
 ) -> None:
     """Restore the faces of bundled real photos and print the per-stage timings (works offline)."""
-    from gpen_tune.cli.enhance import check_output_dir, default_batch_size, run_enhance
+    from gpen_tune.cli.enhance import check_output_dir, run_enhance
+    from gpen_tune.restore.buckets import default_batch_size
     from gpen_tune.face.pipeline import EnhanceSettings, resolve_device
 
     results = output / "results"

@@ -27,6 +27,7 @@ from gpen_tune.cli._options import (
     PresetOpt,
     tune_config_from_options,
 )
+from gpen_tune.restore.buckets import default_batch_size
 
 IO_PANEL = "Inputs and outputs"
 FACE_PANEL = "Faces"
@@ -252,13 +253,8 @@ def enhance(
     raise typer.Exit(code)
 
 
-def default_batch_size(device) -> int:
-    """32 faces per generator call on CUDA (a CUDA-graph bucket; the restorer splits on OOM), 8 elsewhere."""
-    return 32 if getattr(device, "type", str(device)).startswith("cuda") else 8
-
-
 def build_enhancer(settings, tune=None):
-    """The Enhancer behind the tune switches (gpen_tune/tune/wiring.py): (enhancer, restorer or None).
+    """The Enhancer behind the tune switches (gpen_tune/restore/wiring.py): (enhancer, restorer or None).
 
     `tune` None keeps the plain model forward (library callers that never asked for switches).
     """
@@ -266,8 +262,8 @@ def build_enhancer(settings, tune=None):
 
     if tune is None:
         return Enhancer(settings, notify=notice), None
-    from gpen_tune.model.load import load_model
-    from gpen_tune.tune.wiring import tune_pipeline
+    from gpen_tune.load import load_model
+    from gpen_tune.restore.wiring import tune_pipeline
 
     device = resolve_device(settings.device, notice)
     model = load_model(resolve_weights(settings, notice), model=settings.model, device=device)

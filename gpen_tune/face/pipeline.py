@@ -26,6 +26,7 @@ from gpen_tune.face.align import alignment, warp_crop
 from gpen_tune.face.detect import DEFAULT_DET_SIZE, Detection, default_notify, init_detector
 from gpen_tune.face.paste import PasteFace, is_small_face, paste_faces, paste_faces_full_frame, soften
 from gpen_tune.imageio import ImageReadError, Picture, copy_file, picture_from_array, read_image, write_image
+from gpen_tune.restore.restorer import as_restorer
 
 Restore = Callable[[torch.Tensor], torch.Tensor]
 DEVICES = ("auto", "cuda", "cpu", "mps")
@@ -144,18 +145,6 @@ def _synthetic_notice(model: str, notify: Callable[[str], None]) -> None:
            f"Run `gpen-tune weights download {model}` or pass --weights PATH.")
 
 
-def crops_to_tensor(crops: Sequence[np.ndarray], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """[B, S, S, 3] uint8 RGB (host) -> [B, 3, S, S] in [-1, 1] (device, dtype). The uint8 copy goes up first."""
-    x = torch.from_numpy(np.stack(crops)).to(device, non_blocking=True)
-    return (x.permute(0, 3, 1, 2).to(dtype) / 127.5 - 1.0).contiguous()
-
-
-def tensor_to_crops(y: torch.Tensor) -> np.ndarray:
-    """[B, 3, S, S] generator output -> [B, S, S, 3] uint8 RGB: clip((y + 1) / 2) * 255, rounded."""
-    y = ((y.float() + 1.0) * 0.5).clamp_(0.0, 1.0).mul_(255.0).round_()
-    return y.to(torch.uint8).permute(0, 2, 3, 1).contiguous().cpu().numpy()
-
-
 def center_face(detections: list[Detection], width: int, height: int) -> list[Detection]:
     """The face whose box centre is closest to the image centre (as facexlib's only_center_face)."""
     if len(detections) <= 1:
@@ -202,13 +191,15 @@ class Enhancer:
         else:
             self.device = resolve_device(self.settings.device, notify)
         if model is None and not (restore is not None and size is not None):
-            from gpen_tune.model.load import load_model
+            from gpen_tune.load import load_model
 
             model = load_model(resolve_weights(self.settings, notify), model=self.settings.model, device=self.device)
         self.model = model
         self.size = size or model.cfg.size
         self.dtype = getattr(model, "compute_dtype", torch.float32) if model is not None else torch.float32
         self.restore_fn: Restore = restore or _model_restore(model)
+        self.restorer = as_restorer(self.restore_fn, device=self.device, dtype=self.dtype, size=self.size,
+                                    max_batch=self.settings.batch_size)
         self._detector = detector
         self._parser = None
 
@@ -320,8 +311,7 @@ class Enhancer:
     @torch.inference_mode()
     def restore_crops(self, crops: Sequence[np.ndarray]) -> np.ndarray:
         """[B, S, S, 3] uint8 -> restored [B, S, S, 3] uint8, one generator call."""
-        x = crops_to_tensor(crops, self.device, self.dtype)
-        return tensor_to_crops(self.restore_fn(x))
+        return self.restorer.restore_crops(crops)
 
     # -- stage 3
     def finish(self, job: ImageJob) -> Picture | None:

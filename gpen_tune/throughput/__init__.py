@@ -15,7 +15,7 @@ _LAZY = {
     "RunnerConfig": ("gpen_tune.throughput.runner", "RunnerConfig"),
     "RunSummary": ("gpen_tune.throughput.runner", "RunSummary"),
     "ImageResult": ("gpen_tune.throughput.runner", "ImageResult"),
-    "CropRestorer": ("gpen_tune.throughput.restorer", "CropRestorer"),
+    "Restorer": ("gpen_tune.restore.restorer", "Restorer"),
     "EnhancerStages": ("gpen_tune.throughput.stages", "EnhancerStages"),
     "paste_faces_device": ("gpen_tune.throughput.gpu_paste", "paste_faces_device"),
 }

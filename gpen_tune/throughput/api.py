@@ -65,7 +65,7 @@ def enhance_folder(
             same-size images; worth it with the detector on the GPU).
         serial: run the serial driver `enhance_paths` instead (the old path; same outputs).
         bucket_batches: batches of bucket sizes (1, 2, 4, ...); False takes up to max_batch at once (for a
-            restorer that pads every batch to one shape, e.g. `FixedBatch`).
+            restorer that pads every batch to one shape; a compiled Restorer does that through its `take`).
         detector_process: the detector in a process of its own (`throughput.detect_process`) instead of a
             thread of this one. Opt-in (its start costs ~10 s); on an H200, 4,096 photos: 693 vs 625 faces/s
             (benchmarks/results/20261201-081014_*). Not with a lazy detector.
@@ -85,12 +85,13 @@ def enhance_folder(
     try:
         if serial:
             return _serial(paths, naming, enhancer, stems, save_faces, save_comparison, on_result)
-        from gpen_tune.throughput.restorer import CropRestorer
+        from gpen_tune.restore.buckets import bucket_floor
         from gpen_tune.throughput.stages import EnhancerStages
 
         device = enhancer.device
         batch = max_batch or (32 if device.type == "cuda" else enhancer.settings.batch_size)
-        restorer = CropRestorer(enhancer.restore_fn, device, enhancer.size, max_batch=batch, dtype=enhancer.dtype)
+        restorer = enhancer.restorer
+        restorer.limit = bucket_floor(batch)
         stages = EnhancerStages(enhancer, naming, paths, stems, paste, save_faces, save_comparison,
                                 detector_process=detector_process)
         cfg = RunnerConfig(workers=workers, max_batch=batch, max_wait_ms=max_wait_ms, max_inflight=max_inflight,
@@ -132,18 +133,6 @@ def _serial(paths, naming, enhancer, stems, save_faces, save_comparison, on_resu
     return RunSummary(results, time.perf_counter() - t0, interrupted, stages)
 
 
-def one_shape_when_compiled(restore: Callable, batch: int) -> tuple[Callable, bool]:
-    """(restore callable, bucket_batches) for the runner: a torch.compile'd restorer gets every batch padded to
-    `batch` rows (`FixedBatch`), so the run pays one compile (and one CUDA-graph capture) instead of one per
-    bucket size (measured on the H200: ~27 s per GPEN-512 compile). Anything else keeps the bucket sizes."""
-    from gpen_tune.throughput.restorer import FixedBatch
-
-    effective = getattr(restore, "effective", None)
-    if effective is not None and getattr(effective, "compile", None):
-        return FixedBatch(restore, batch), False
-    return restore, True
-
-
 class JobList(list):
     """`ImageJob`s in input order (what `enhance_paths` returns) plus how the run ended."""
 
@@ -183,12 +172,11 @@ def run_jobs(
         except KeyboardInterrupt:
             jobs.interrupted = True
         return jobs
-    from gpen_tune.throughput.restorer import CropRestorer
+    from gpen_tune.restore.buckets import bucket_floor
     from gpen_tune.throughput.stages import EnhancerStages
 
-    restore_fn, bucketed = one_shape_when_compiled(enhancer.restore_fn, enhancer.settings.batch_size)
-    restorer = CropRestorer(restore_fn, enhancer.device, enhancer.size,
-                            max_batch=enhancer.settings.batch_size, dtype=enhancer.dtype)
+    restorer = enhancer.restorer                 # pads to one shape when compiled (its `take` knows)
+    restorer.limit = min(restorer.limit, bucket_floor(enhancer.settings.batch_size))
     stages = EnhancerStages(enhancer, naming, paths, stems, paste, save_faces, save_comparison,
                             detector_process=detector_process)
 
@@ -202,8 +190,7 @@ def run_jobs(
         if on_job is not None and r.status != "dropped":
             on_job(as_job(r))
 
-    summary = run_pipeline(paths, stages, restorer, RunnerConfig(workers=workers, max_batch=restorer.limit,
-                                                                 bucket_batches=bucketed),
+    summary = run_pipeline(paths, stages, restorer, RunnerConfig(workers=workers, max_batch=restorer.limit),
                            on_result=on_result, before_restore=stages.before_restore,
                            restored_on_device=stages.device_paste_possible)
     jobs.extend(as_job(r) for r in summary.results)

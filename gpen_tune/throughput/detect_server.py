@@ -39,7 +39,6 @@ class BatchingDetector:
         # server; det_size is read once here (reading it later from a lazy detector could rebuild it)
         self._det_size = getattr(inner, "det_size", None) if shrink_in_caller else None
         self.own_stream = True            # run the detector on its own CUDA stream (see _detect_on_own_stream)
-        self.stream_priority = 0          # CUDA priority of that stream (lower = higher); -1 measured no faster
         self._stream = None
         self._max_images = max_images
         self._queue: queue.Queue[DetectRequest | None] = queue.Queue()
@@ -112,7 +111,7 @@ class BatchingDetector:
         if not self.own_stream or device is None or torch.device(device).type != "cuda":
             return self._inner.detect(images)
         if self._stream is None:
-            self._stream = torch.cuda.Stream(device=device, priority=self.stream_priority)
+            self._stream = torch.cuda.Stream(device=device)
         with torch.cuda.stream(self._stream):
             return self._inner.detect(images)
 

@@ -30,8 +30,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from gpen_tune.throughput.batching import bucket_floor
-from gpen_tune.throughput.restorer import CropRestorer, PendingBatch
+from gpen_tune.restore.buckets import bucket_floor, default_batch_size
+from gpen_tune.restore.restorer import Restorer
+from gpen_tune.restore.staging import PendingBatch
 
 _DONE = object()      # a prepare worker has no more input
 _POLL_S = 0.05        # how often blocked threads look at the stop flag
@@ -81,7 +82,7 @@ class RunnerConfig:
         benchmarks/results/20261130-224513, -224448, -224536). Elsewhere one per finish thread."""
         workers = self.workers or default_workers()
         prepare = self.prepare_workers or (min(48, 6 * workers) if device_type == "cuda" else workers)
-        max_batch = self.max_batch or (32 if device_type == "cuda" else 4)
+        max_batch = self.max_batch or default_batch_size(device_type)
         inflight = self.max_inflight or max(8, 2 * prepare + 2 * workers + 8)
         return workers, prepare, bucket_floor(max_batch), inflight
 
@@ -177,7 +178,7 @@ class _JobState:
 def run_pipeline(
     paths: Sequence[str | Path],
     stages: Stages,
-    restorer: CropRestorer,
+    restorer: Restorer,
     config: RunnerConfig = RunnerConfig(),
     on_result: Callable[[ImageResult], None] | None = None,
     before_restore: Callable[[], None] | None = None,
@@ -215,7 +216,7 @@ class _Run:
         restorer.limit = min(restorer.limit, max_batch)
         self.max_wait = config.max_wait_ms / 1000.0
         self.detect_batch = max(1, config.detect_batch)
-        self.take = bucket_floor if config.bucket_batches else (lambda n, limit: min(n, limit))
+        self.take = restorer.take if config.bucket_batches else (lambda n, limit: min(n, limit))
         self.before_restore = before_restore
         self.on_device = restored_on_device
         self.stop = threading.Event()

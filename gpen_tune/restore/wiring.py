@@ -11,20 +11,21 @@ from typing import Any
 
 import torch
 
+from gpen_tune.restore.restorer import Restorer, build_restorer
 from gpen_tune.tune import face_crop
 from gpen_tune.tune.lazy_detector import LazyDetector
 from gpen_tune.tune.options import TuneConfig
-from gpen_tune.tune.restorer import Restorer, build_restorer
 
 
 def tune_pipeline(settings: Any, cfg: TuneConfig, model: torch.nn.Module, device: str | torch.device | None = None,
                   notify=None, detector_policy: str = "tight") -> tuple[Any, Restorer, LazyDetector | None]:
     """(settings with face_crop/det_size applied, the Restorer, a LazyDetector or None = the pipeline's own).
 
-    `settings` is the pipeline's EnhanceSettings (fields detector, detector_weights, det_threshold, det_size).
+    `settings` is the pipeline's EnhanceSettings (fields detector, detector_weights, det_threshold, det_size,
+    batch_size: the restorer's starting limit).
     """
     settings = face_crop.apply(settings, cfg)
-    restore = build_restorer(model, cfg, device)
+    restore = build_restorer(model, cfg, device=device, max_batch=settings.batch_size)
     detector = None
     if cfg.lazy_detector:
         from gpen_tune.face.detect import init_detector
