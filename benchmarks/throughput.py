@@ -43,8 +43,8 @@ sys.path.insert(0, str(ROOT))
 from gpen_tune.face import samples  # noqa: E402
 from gpen_tune.face.pipeline import Enhancer, EnhanceSettings  # noqa: E402
 from gpen_tune.load import load_model  # noqa: E402
-from gpen_tune.throughput import enhance_folder  # noqa: E402
 from gpen_tune.restore.restorer import Restorer, build_restorer  # noqa: E402
+from gpen_tune.throughput import enhance_folder  # noqa: E402
 
 TARGETS = {"faces_per_s": 300.0, "speedup_vs_serial": 3.0, "gpu_busy": 0.80}
 

@@ -34,10 +34,10 @@ from gpen_tune.bench.inputs import load_faces
 from gpen_tune.bench.measure import MiB, max_abs, peaks, psnr, reset_memory, reset_peak, summary, time_calls, timed_once
 from gpen_tune.bench.rows import Row, select_rows
 from gpen_tune.model.configs import MODELS, GPENConfig
-from gpen_tune.tune.live_memory import generator_activation_peak
-from gpen_tune.tune.options import TuneConfig
 from gpen_tune.restore.restorer import build_restorer
 from gpen_tune.tune.apply import SWITCH_MODULES
+from gpen_tune.tune.live_memory import generator_activation_peak
+from gpen_tune.tune.options import TuneConfig
 
 SCHEMA = "gpen-tune-bench/1"
 TINY_MODELS = {"tiny": GPENConfig(64, narrow=0.25), "tiny32": GPENConfig(32, narrow=0.25)}  # tests / smoke runs

@@ -62,8 +62,8 @@ def demo(
 ) -> None:
     """Restore the faces of bundled real photos and print the per-stage timings (works offline)."""
     from gpen_tune.cli.enhance import check_output_dir, run_enhance
-    from gpen_tune.restore.buckets import default_batch_size
     from gpen_tune.face.pipeline import EnhanceSettings, resolve_device
+    from gpen_tune.restore.buckets import default_batch_size
 
     results = output / "results"
     check_output_dir(results)

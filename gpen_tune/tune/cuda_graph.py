@@ -1,10 +1,10 @@
 """--cuda-graph: replay the generator from CUDA Graphs captured per (batch bucket, size, dtype).
 
-What changes: the first batch of each bucket (the restorer's table: 1, 2, 4, 8, 16, 32, 64) is padded up to the bucket, the module runs
-a few warm-up calls on a side stream (cuDNN / Inductor choose their kernels outside the capture), then one call is
-captured with static input/output buffers. Every later call copies its batch into the static input, zeroes the
-padding rows, replays the graph and returns a clone of the rows it asked for (the static output is overwritten by
-the next replay). Batches above the largest bucket are run in bucket-sized chunks.
+What changes: the first batch of each bucket (the restorer's table: 1, 2, 4, 8, 16, 32, 64) is padded up to the
+bucket, the module runs a few warm-up calls on a side stream (cuDNN / Inductor choose their kernels outside the
+capture), then one call is captured with static input/output buffers. Every later call copies its batch into
+the static input, zeroes the padding rows, replays the graph and returns a clone of the rows it asked for (the
+static output is overwritten by the next replay). Batches above the largest bucket are run in bucket-sized chunks.
 All buckets share one private memory pool: only one graph runs at a time and each output is cloned out right
 after its replay, so a later capture may reuse an earlier graph's scratch memory (peak = the largest graph, not
 the sum).
@@ -32,8 +32,8 @@ from collections.abc import Callable
 import torch
 
 from gpen_tune.ops import fir_triton
-from gpen_tune.tune.options import TuneConfig
 from gpen_tune.tune.oom import is_out_of_memory
+from gpen_tune.tune.options import TuneConfig
 
 WARMUP_CALLS = 3
 
