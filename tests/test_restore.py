@@ -40,9 +40,9 @@ def test_bucket_policy():
     assert [take(n, 32, one_shape=True) for n in (1, 3, 29, 40)] == [1, 3, 29, 32]   # padded forward: any count
     assert split_sizes(29) == [16, 8, 4, 1] and split_sizes(5, limit=2) == [2, 2, 1]
     assert bucket_floor(0) == 0 and bucket_floor(33) == 32 and bucket_floor(7, limit=3) == 2
-    # the limit is always a bucket; the restorer's take follows its own limit and padding
-    assert Restorer(lambda x: x, max_batch=5).limit == 4
-    assert Restorer(lambda x: x, max_batch=500).limit == BUCKETS[-1] == Restorer(lambda x: x).limit
+    # the starting limit is what the caller asked (a serial batch runs as one call); take gives buckets below it
+    assert Restorer(lambda x: x, max_batch=5).limit == 5 and Restorer(lambda x: x).limit == BUCKETS[-1]
+    assert Restorer(lambda x: x, max_batch=5).take(7) == 4
     r = Restorer(lambda x: x, max_batch=16)
     assert r.take(29) == 16 and r.take(13) == 8 and r.take(13, limit=4) == 4
     r.one_shape = True

@@ -473,7 +473,6 @@ def test_cudnn_search_pool_is_released_after_warmup(monkeypatch):
 
 
 def test_fused_switch_uses_the_fast_module_built_from_fp32_weights(tiny_model, tiny_ref):
-    pytest.importorskip("gpen_tune.fast", reason="needs the fast part (gpen_tune.fast)")
     x, ref = tiny_ref
     exact = build_restorer(copy.deepcopy(tiny_model), TuneConfig(fused=True), device="cpu")
     assert exact.forward is not exact.model and not exact.fallbacks

@@ -1,7 +1,7 @@
 """`Restorer`: the generator behind every enabled switch, with batching, OOM splitting and the non-finite guard.
 
-It owns the batch policy: one limit (`.limit`, the largest batch run at once, a bucket of `buckets.BUCKETS`,
-lowered for good when CUDA runs out of memory), one splitter, and the choice of how many pending faces to launch
+It owns the batch policy: one limit (`.limit`, the largest batch run at once; the runner rounds it to a bucket of
+`buckets.BUCKETS`; lowered to a bucket for good when CUDA runs out of memory), one splitter, and the choice of how many pending faces to launch
 (`take`: bucket sizes, or up to the limit for a forward padded to one shape). Guards of every batch:
 * CUDA out-of-memory -> the limit drops to half (a bucket), CUDA graphs are dropped, the batch runs in chunks of
   the new limit; recorded in `fallbacks`;
@@ -47,7 +47,8 @@ class Restorer:
         forward: the composed callable (e.g. graphs over compiled over cast model, or a plain FullGenerator).
         device: where it runs (default CPU); dtype: the input dtype it wants (the model's compute dtype).
         size: crop side S (None: taken from each batch).
-        max_batch: the starting limit, rounded down to a bucket (None: the largest bucket).
+        max_batch: the starting limit (None: the largest bucket). Kept as given, so a serial caller's batch runs
+            as one call; the folder runner rounds it down to a bucket; an OOM lowers it to a bucket.
         model, cfg, reserve: the (cast) generator, the TuneConfig asked for and the fp32 weights for the re-run.
         one_shape: pad every crop batch to `limit` rows (a compiled forward: one compile instead of one per
             bucket); `take` then launches up to the limit at once. The tensor-level `__call__` never pads.
@@ -64,7 +65,7 @@ class Restorer:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.dtype = dtype
         self.size = size
-        self.limit = bucket_floor(max_batch or BUCKETS[-1])
+        self.limit = max(1, max_batch) if max_batch else BUCKETS[-1]
         self.model = model
         self.cfg = cfg or TuneConfig()
         self.effective = self.cfg
