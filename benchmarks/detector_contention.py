@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from detector_speed import photo_pool  # noqa: E402
 
 from gpen_tune.face.detect import MTCNNDetector  # noqa: E402
-from gpen_tune.model.load import load_model  # noqa: E402
+from gpen_tune.load import load_model  # noqa: E402
 
 
 def profile_call(det, images) -> dict:
@@ -178,9 +178,11 @@ def main() -> None:
     cuda = device.type == "cuda"
 
     # GPU load: the folder run's generator (preset speed, batch 32) back to back on its own stream
-    from gpen_tune.tune import PRESETS, build_restorer
+    from gpen_tune.restore import build_restorer
+    from gpen_tune.tune import PRESETS
 
-    restorer = build_restorer(load_model("synthetic", model=args.model, device=device), PRESETS["speed"], device)
+    restorer = build_restorer(load_model("synthetic", model=args.model, device=device), PRESETS["speed"],
+                              device=device)
     size = int(args.model.rsplit("-", 1)[-1])
     faces = torch.rand(args.faces, 3, size, size, device=device) * 2 - 1
     gen_stream = torch.cuda.Stream() if cuda else None

@@ -78,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as e:
         print(f"error: the face-crop benchmark needs the pipeline part (gpen_tune.face): {e}", file=sys.stderr)
         return 2
-    from gpen_tune.model.load import load_model
-    from gpen_tune.tune import TuneConfig, build_restorer, face_crop
+    from gpen_tune.load import load_model
+    from gpen_tune.restore import build_restorer
+    from gpen_tune.tune import TuneConfig, face_crop
 
     device = torch.device(args.device)
     image = big_photo()
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
               "command": " ".join([sys.executable.rsplit("/", 1)[-1], *sys.argv]),
               "image": {"width": w, "height": h, "megapixels": round(w * h / 1e6, 2)}, "runs": {}}
     model = load_model(args.weights, model=args.model, device=device)
-    restore = build_restorer(model, TuneConfig(), device)
+    restore = build_restorer(model, TuneConfig(), device=device)
     for on in (True, False):
         base = EnhanceSettings(model=args.model, weights=args.weights, detector=args.detector,
                                device=device.type if device.type in ("cuda", "cpu") else "auto")

@@ -35,39 +35,30 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpen_tune.fast import fuse, reference_forward  # noqa: E402
+from gpen_tune.load import load_model  # noqa: E402
 from gpen_tune.model import MODELS, GPENConfig  # noqa: E402
-from gpen_tune.model.load import load_model  # noqa: E402
+from gpen_tune.model.fused import fuse  # noqa: E402
+from gpen_tune.model.reference import reference_forward  # noqa: E402
 
 PEAK_TFLOPS_BF16 = 790.0  # dense bf16 GEMM measured on this workplace's H200s (device/KINDS.md, 2026-10-28/11-04)
 MIB = 2**20
 
-# name -> how to build it. kind: reference | model (FullGenerator as is) | fused (gpen_tune.fast.fuse)
+# name -> how to build it. kind: reference | model (FullGenerator as is) | fused (gpen_tune.model.fused.fuse)
 VARIANTS: dict[str, dict] = {
     "reference_fp32": dict(kind="reference", dtype="fp32"),
     "model_fp32": dict(kind="model", dtype="fp32"),
-    "fused_bf16_triton": dict(kind="fused", dtype="bf16", flags=dict(epilogue="triton"), cuda=True),
-    "fused_bf16_triton_graph": dict(kind="fused", dtype="bf16", flags=dict(epilogue="triton"), graph=True, cuda=True),
-    "fused_bf16_triton_v1": dict(kind="fused", dtype="bf16", flags=dict(epilogue="triton", kernels="v1"), cuda=True),
-    "fused_bf16_triton_v1_graph": dict(kind="fused", dtype="bf16", flags=dict(epilogue="triton", kernels="v1"),
-                                       graph=True, cuda=True),
-    "fused_fp16_triton": dict(kind="fused", dtype="fp16", flags=dict(epilogue="triton"), cuda=True),
-    "fused_fp16_triton_graph": dict(kind="fused", dtype="fp16", flags=dict(epilogue="triton"), graph=True,
+    "fused_bf16_triton": dict(kind="fused", dtype="bf16", flags=dict(impl="triton"), cuda=True),
+    "fused_bf16_triton_graph": dict(kind="fused", dtype="bf16", flags=dict(impl="triton"), graph=True, cuda=True),
+    "fused_fp16_triton": dict(kind="fused", dtype="fp16", flags=dict(impl="triton"), cuda=True),
+    "fused_fp16_triton_graph": dict(kind="fused", dtype="fp16", flags=dict(impl="triton"), graph=True,
                                     cuda=True),
-    "fused_bf16_triton_nobench": dict(kind="fused", dtype="bf16", flags=dict(epilogue="triton"), cuda=True,
+    "fused_bf16_triton_nobench": dict(kind="fused", dtype="bf16", flags=dict(impl="triton"), cuda=True,
                                       cudnn_benchmark=False),
-    "fused_bf16_torch": dict(kind="fused", dtype="bf16", flags=dict(epilogue="torch")),
-    "fused_bf16_torch_nchw": dict(kind="fused", dtype="bf16", flags=dict(epilogue="torch", channels_last=False)),
-    "fused_bf16_triton_encconv": dict(kind="fused", dtype="bf16", flags=dict(epilogue="triton", enc_blur="conv"),
-                                      cuda=True),
-    "fused_bf16_triton_encfold": dict(kind="fused", dtype="bf16", flags=dict(epilogue="triton", enc_blur="fold"),
-                                      cuda=True),
-    "fused_bf16_triton_phases": dict(kind="fused", dtype="bf16", flags=dict(epilogue="triton", up_conv="phases"),
-                                     cuda=True),
-    "fused_fp32_triton": dict(kind="fused", dtype="fp32", flags=dict(epilogue="triton"), cuda=True),
-    "fused_bf16_compile": dict(kind="fused", dtype="bf16", flags=dict(epilogue="torch"), compile=True,
+    "fused_bf16_torch": dict(kind="fused", dtype="bf16", flags=dict(impl="torch")),
+    "fused_fp32_triton": dict(kind="fused", dtype="fp32", flags=dict(impl="triton"), cuda=True),
+    "fused_bf16_compile": dict(kind="fused", dtype="bf16", flags=dict(impl="torch"), compile=True,
                                min_left_s=120),
-    "fused_bf16_compile_graph": dict(kind="fused", dtype="bf16", flags=dict(epilogue="torch"), compile=True,
+    "fused_bf16_compile_graph": dict(kind="fused", dtype="bf16", flags=dict(impl="torch"), compile=True,
                                      graph=True, min_left_s=90),
     "model_bf16_compile": dict(kind="model", dtype="bf16", compile=True, min_left_s=90),
 }
@@ -79,18 +70,16 @@ def plan(quick: bool, tiny: bool) -> list[tuple[str, str, tuple[int, ...]]]:
     if tiny:
         b = (1, 2)
         return [("main", v, b) for v in
-                ("reference_fp32", "model_fp32", "fused_bf16_triton", "fused_bf16_torch", "fused_bf16_torch_nchw",
+                ("reference_fp32", "model_fp32", "fused_bf16_triton", "fused_bf16_torch",
                  "fused_bf16_compile")] + [("small", "reference_fp32", (1,)), ("small", "fused_bf16_torch", (1,))]
     big = (1, 4, 16, 32, 64, 128)
     graph_b = (1, 4, 16)
-    if quick:  # iteration 2: new default (v2 encoder epilogue) vs v1, no compile rows; ~150 s on an H200
+    if quick:  # the default path, no compile rows; ~150 s on an H200
         return [
             ("main", "reference_fp32", (1, 16)),
             ("main", "fused_bf16_triton", (1, 4, 16, 64, 128)),
             ("main", "fused_bf16_triton_graph", (1, 4)),
             ("main", "fused_fp16_triton", (64,)),
-            ("main", "fused_bf16_triton_v1", (64,)),
-            ("main", "fused_bf16_triton_v1_graph", (1,)),
             ("main", "fused_fp32_triton", (1,)),
         ]
     return [
@@ -98,17 +87,11 @@ def plan(quick: bool, tiny: bool) -> list[tuple[str, str, tuple[int, ...]]]:
         ("main", "fused_bf16_triton", big),
         ("main", "fused_fp32_triton", (1, 16)),
         ("main", "fused_bf16_triton_graph", graph_b),
-        ("main", "fused_bf16_triton_v1", (1, 64)),
-        ("main", "fused_bf16_triton_v1_graph", (1,)),
         ("main", "fused_fp16_triton", big),
         ("main", "fused_fp16_triton_graph", (1, 4)),
         ("main", "fused_bf16_triton_nobench", (1, 4, 64)),
         ("main", "model_fp32", (1, 4, 16)),
         ("main", "fused_bf16_torch", (1, 16, 64)),
-        ("main", "fused_bf16_torch_nchw", (1, 16, 64)),
-        ("main", "fused_bf16_triton_encconv", (1, 64)),
-        ("main", "fused_bf16_triton_encfold", (1, 64)),
-        ("main", "fused_bf16_triton_phases", (1, 64)),
         ("small", "reference_fp32", (1, 16)),
         ("small", "fused_bf16_triton", (1, 16, 64, 128)),
         ("small", "fused_bf16_triton_graph", (1, 16)),

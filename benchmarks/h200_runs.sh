@@ -223,7 +223,7 @@ case "$PART" in
   ab-detector-priority)
     step "throughput GPEN-BFR-512, preset speed, pipeline: detector stream high priority / default / high"
     timeout 100 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
-      --skip-serial --ab-detector-priority --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+      --skip-serial --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
   plain-bs1-layouts)
     step "plain model at batch 1: FIR variants, channels-last modulated weights, whole model NHWC, eager and graph, one run"
@@ -330,7 +330,7 @@ case "$PART" in
       --skip-serial --ab-paste gpu --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     step "pipeline A/B/A: detector stream at high priority (P-Net graphs now)"
     timeout 120 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 256 --batch 32 \
-      --skip-serial --ab-detector-priority --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+      --skip-serial --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     ;;
   ab-area-triton)
     step "GPU tests: detector, paste, throughput"
@@ -477,7 +477,7 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
     ;;
   ab-detector-priority-batch64)
     step "pipeline A/B/A on 1,024 photos: detector stream at high priority (the detector now limits)"
-    folder512 200 10 --images 1024 --skip-serial --ab-detector-priority
+    folder512 200 10 --images 1024 --skip-serial
     step "pipeline A/B/A on 1,024 photos: up to 64 images per detector call, 64 prepare threads"
     folder512 240 10 --images 1024 --skip-serial --ab-detector-batch 64
     ;;

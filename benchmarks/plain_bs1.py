@@ -4,9 +4,8 @@ Issue 4's `--cuda-graph` target is "bs1 with graphs at most half the eager bs1 t
 launch cost, not the GPU's work, so the ratio is decided by how much GPU time one bs1 forward needs. This script
 measures, in one process and on the same weights and input:
   * eager and graph-replay ms at batch 1 (median of --repeats, CUDA events) for fp32 (TF32 convs) and bf16,
-  * the current model with PyTorch's depthwise conv for the 4x4 FIR ("after_torch_fir"), with the Triton FIR for
-    every call ("after_triton_always") and with the default dispatch ("after": Triton under capture and for big
-    tensors),
+  * the current model with its default FIR dispatch ("after": Triton under capture and for big tensors; the
+    all-PyTorch and all-Triton dispatches were measured against it in plain_bs1_20261130T222113Z and dropped),
   * optionally the same for an earlier formulation of the model (`--before DIR` holding its layers.py, gpen.py and
     fir.py), so a change to the model is measured against its baseline in the same run,
   * a kernel-level profile (torch.profiler) of one eager bs1 forward: the top kernels by GPU time, and totals.
@@ -33,8 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpen_tune.bench.measure import summary, time_calls  # noqa: E402
-from gpen_tune.model.load import load_model  # noqa: E402
-from gpen_tune.ops import fir_triton  # noqa: E402
+from gpen_tune.load import load_model  # noqa: E402
 from gpen_tune.tune.amp import cast_model  # noqa: E402
 from gpen_tune.tune.cuda_graph import GraphedForward  # noqa: E402
 
@@ -170,7 +168,7 @@ def main() -> None:
     ap.add_argument("--before", type=Path, default=None, help="directory with an earlier layers.py/gpen.py/fir.py")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--experiments", nargs="*", default=[],
-                    choices=["after_triton_always", "after_cl_weights", "after_nhwc"],
+                    choices=["after_cl_weights", "after_nhwc"],
                     help="extra variants (measured 2026-12-01, plain_bs1_20261201T022420Z: channels-last weights "
                          "5.24 and whole-model NHWC 9.49 ms graph fp32 vs 4.87 for 'after': both slower)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -180,12 +178,10 @@ def main() -> None:
     before_cls = load_before(args.before) if args.before else None
     size = int(args.model.rsplit("-", 1)[-1])
     x = torch.rand(1, 3, size, size, device=device) * 2 - 1
-    variants = (["before"] if before_cls else []) + ["after_torch_fir", "after"] + args.experiments
-    fir_mode = {"after_torch_fir": "never", "after_triton_always": "always"}
+    variants = (["before"] if before_cls else []) + ["after"] + args.experiments
     results, reference = [], {}
     for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         for variant in variants:
-            fir_triton.MODE = fir_mode.get(variant, "auto")    # A/B of the FIR dispatch in the same run
             net = build(variant, args.model, dtype, before_cls, device)
             with torch.inference_mode():
                 for _ in range(3):

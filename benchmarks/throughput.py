@@ -42,9 +42,9 @@ sys.path.insert(0, str(ROOT))
 
 from gpen_tune.face import samples  # noqa: E402
 from gpen_tune.face.pipeline import Enhancer, EnhanceSettings  # noqa: E402
-from gpen_tune.model.load import load_model  # noqa: E402
+from gpen_tune.load import load_model  # noqa: E402
+from gpen_tune.restore.restorer import Restorer, build_restorer  # noqa: E402
 from gpen_tune.throughput import enhance_folder  # noqa: E402
-from gpen_tune.throughput.restorer import FixedBatch, call_deferred  # noqa: E402
 
 TARGETS = {"faces_per_s": 300.0, "speedup_vs_serial": 3.0, "gpu_busy": 0.80}
 
@@ -115,10 +115,6 @@ class BusyMeter:
         self.cpu_s = 0.0
         self.calls = 0
 
-    @property
-    def max_batch(self):
-        return getattr(self.restore, "max_batch", None)
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         if x.device.type != "cuda":
@@ -126,27 +122,14 @@ class BusyMeter:
             y = self.restore(x)
             self.cpu_s += time.perf_counter() - t
             return y
-        return self._timed(x, deferred=False)[0]
-
-    def forward_deferred(self, x: torch.Tensor):
-        """The NaN guard's flag passed through (no host sync per batch), as the library's runner asks for."""
-        if x.device.type != "cuda":
-            return self(x), None
-        self.calls += 1
-        return self._timed(x, deferred=True)
-
-    def _timed(self, x: torch.Tensor, deferred: bool):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        y, finite = call_deferred(self.restore, x) if deferred else (self.restore(x), None)
+        y = self.restore(x)
         end.record()
         self.events.append((start, end))
-        return y, finite
+        return y
 
-    def recover(self, x: torch.Tensor) -> torch.Tensor:
-        return self.restore.recover(x)
-
-    def reset(self) -> None:
+    def clear(self) -> None:
         self.events, self.cpu_s, self.calls = [], 0.0, 0
         self.origin = None
         if torch.cuda.is_available():
@@ -274,7 +257,7 @@ class Sampler:
 
 def measure(name: str, run, meter: BusyMeter, device: torch.device) -> dict:
     """Run one path and return its numbers."""
-    meter.reset()
+    meter.clear()
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -327,14 +310,13 @@ class DetectorPhases:
     P-Net phase gets a stream sync at its end so its GPU time is not billed to the candidates phase)."""
 
     def __init__(self) -> None:
-        from gpen_tune.face.detect import mtcnn_batched as mb
-        from gpen_tune.face.detect.mtcnn_fixed import FixedCanvasPNet
+        from gpen_tune.face import mtcnn_batched as mb
 
         self.seconds: dict[str, float] = {}
         self.calls: dict[str, int] = {}
-        for owner, name, key, sync in ((FixedCanvasPNet, "__call__", "pnet_fill_upload_replay", True),
-                                       (FixedCanvasPNet, "_host_canvas", "pnet_wait_previous_upload", False),
-                                       (FixedCanvasPNet, "_planes", "pnet_planes", False),
+        for owner, name, key, sync in ((mb.FixedCanvasPNet, "__call__", "pnet_fill_upload_replay", True),
+                                       (mb.FixedCanvasPNet, "_host_canvas", "pnet_wait_previous_upload", False),
+                                       (mb.FixedCanvasPNet, "_planes", "pnet_planes", False),
                                        (mb._Driver, "_candidates", "pnet_candidates_nms", False),
                                        (mb._Driver, "_stage2", "rnet", False), (mb._Driver, "_stage3", "onet", False),
                                        (mb._Driver, "_finish", "download_final_nms", False)):
@@ -430,15 +412,15 @@ def environment(device: torch.device) -> dict:
     return env
 
 
-def build_restore(model, preset: str, device: torch.device):
-    """The generator callable: the tune part's build_restorer for a preset ('none' = plain fp32 eager)."""
+def build_restore(model, preset: str, device: torch.device, batch: int):
+    """The Restorer of a preset ('none' = plain fp32 eager), starting limit `batch`."""
     if preset == "none":
-        return model, {"preset": "none"}
+        return Restorer(model, device=device, size=model.size, max_batch=batch), {"preset": "none"}
     from dataclasses import asdict
 
-    from gpen_tune.tune import PRESETS, build_restorer
+    from gpen_tune.tune import PRESETS
 
-    restorer = build_restorer(model, PRESETS[preset], device)
+    restorer = build_restorer(model, PRESETS[preset], device=device, max_batch=batch)
     return restorer, {"preset": preset, "requested": asdict(restorer.cfg), "effective": asdict(restorer.effective),
                       "fallbacks": restorer.fallbacks}
 
@@ -476,9 +458,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ab-caller-shrink", action="store_true",
                     help="also run the pipeline with the previous detector thread (it shrinks every image itself, "
                          "on the default CUDA stream): A/B in the same run")
-    ap.add_argument("--ab-detector-priority", action="store_true",
-                    help="also run the pipeline with the detector's CUDA stream at high priority, then the default "
-                         "again: A/B/A in the same run")
     ap.add_argument("--ab-detector-process", action="store_true",
                     help="also run the pipeline with the detector in a process of its own (own GIL, own CUDA "
                          "context; pixels through shared memory): A/B in the same run")
@@ -538,18 +517,19 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.backends.cudnn.benchmark = False
     model = load_model(args.weights, model=args.model, device=device)
-    restore, tune_info = build_restore(model, args.preset, device)
+    restore, tune_info = build_restore(model, args.preset, device, batch)
     effective = tune_info.get("effective", {})
     # torch.compile: one input shape, one compile (every batch padded to `batch`); CUDA graphs alone pad each
     # batch to its bucket (1, 2, 4, ..., batch), all captured during the warm-up below
     compiled_or_graphed = bool(effective.get("compile"))
     graphed = bool(effective.get("cuda_graph"))
-    restore_fn = FixedBatch(restore, batch) if compiled_or_graphed else restore
-    meter = BusyMeter(restore_fn)
+    meter = BusyMeter(restore.forward)
+    restore.forward = meter                 # CUDA events around every generator call (the Restorer pads compiled)
+    restore_fn = restore
     settings = EnhanceSettings(model=args.model, weights=args.weights, detector=args.detector, device=device.type,
                                batch_size=batch, det_size=args.det_size or None)
     inner = getattr(restore, "model", None)
-    enhancer = Enhancer(settings, model=inner if inner is not None else model, restore=meter)
+    enhancer = Enhancer(settings, model=inner if inner is not None else model, restore=restore)
 
     # warm-up: compile / graph capture / cuDNN / detector, on a few images through both paths (not timed below)
     print("warming up ...", flush=True)
@@ -577,16 +557,15 @@ def main(argv: list[str] | None = None) -> int:
     serial_inputs = sorted(folder.iterdir())[: args.serial_images] if args.serial_images else folder
     if not args.skip_serial:
         print("serial path ...", flush=True)
-        pipeline_detector = enhancer.detector
-        enhancer.use_detector(in_process_detector if args.detector_process else pipeline_detector)
+        pipeline_detector = enhancer._detector
+        enhancer._detector = in_process_detector if args.detector_process else pipeline_detector
         try:
             runs["serial"], summaries["serial"] = measure(
                 "serial", lambda: enhance_folder(serial_inputs, work / "out_serial", enhancer=enhancer, serial=True,
                                                  ext=args.ext), meter, device)
         finally:
-            enhancer.use_detector(pipeline_detector)
+            enhancer._detector = pipeline_detector
     server = enhancer.detector                # the pipeline's BatchingDetector (installed by the warm-up run)
-    backend = getattr(server, "inner", server)  # the detector it serves (MTCNN: the fields the A/Bs switch)
     for k in ("calls", "images", "largest", "busy_s"):
         if hasattr(server, k):
             setattr(server, k, 0)             # count the measured pipeline run only
@@ -647,14 +626,6 @@ def main(argv: list[str] | None = None) -> int:
         kept = getattr(owner, attr)
         ab_a(name, what, out_dir, lambda: setattr(owner, attr, value), lambda: setattr(owner, attr, kept))
 
-    if args.ab_detector_priority and hasattr(server, "stream_priority"):
-        kept_priority = server.stream_priority
-
-        def set_priority(p):
-            server.stream_priority = p            # a new stream at the next call
-
-        ab_a("pipeline_detector_high_priority", "detector stream at high priority", "out_pipeline_p0",
-             lambda: set_priority(-1), lambda: set_priority(kept_priority))
     if args.ab_switch_interval:
         from gpen_tune.throughput import runner as runner_module
 
@@ -667,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.ab_mtcnn_before:
         import importlib.util
 
-        import gpen_tune.face.detect.mtcnn_batched as current
+        import gpen_tune.face.mtcnn_batched as current
 
         spec = importlib.util.spec_from_file_location("mtcnn_batched_before", args.ab_mtcnn_before)
         before = importlib.util.module_from_spec(spec)
@@ -681,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
              lambda: set_driver(before.detect_mtcnn_batched), lambda: set_driver(kept_driver))
     if args.ab_pnet_graphs:
         ab_attr("pipeline_pnet_eager", "detector's P-Net eager (no CUDA graphs)", "out_pipeline_pe",
-                backend, "pnet_graphs", False)
+                getattr(server, "_inner", server), "pnet_graphs", False)
     if args.ab_paste_torch:
         from gpen_tune.throughput import gpu_paste
 
@@ -696,25 +667,30 @@ def main(argv: list[str] | None = None) -> int:
         ab_attr("pipeline_cut_on_cpu", "faces cut on the CPU, uploaded by the GPU stage", "out_pipeline_cc",
                 stages_module, "CUT_ON_DEVICE", False)
     if args.ab_area_torch:
-        kept_area = backend.area
+        from gpen_tune.face import area_triton
 
-        def set_area(impl):
-            backend.set_impls(area=impl)       # the P-Net graphs are captured again with this area resize
-            backend.capture_graphs()
+        mtcnn = getattr(server, "_inner", server)
+
+        def set_area(value):
+            area_triton.USE_TRITON = value
+            mtcnn._fixed = None                # the P-Net graphs hold the kernels they were captured with
+            mtcnn.capture_graphs()
 
         ab_a("pipeline_area_torch", "detector's area resize in PyTorch calls", "out_pipeline_at",
-             lambda: set_area("torch"), lambda: set_area(kept_area))
+             lambda: set_area(False), lambda: set_area(True))
     if args.ab_nms_torchvision:
-        kept_nms = backend.nms
-        ab_a("pipeline_nms_torchvision", "detector's NMS through torchvision (one greedy pass over all groups)",
-             "out_pipeline_nt", lambda: backend.set_impls(nms="torch"), lambda: backend.set_impls(nms=kept_nms))
+        from gpen_tune.face import nms_triton
+
+        ab_attr("pipeline_nms_torchvision", "detector's NMS through torchvision (one greedy pass over all groups)",
+                "out_pipeline_nt", nms_triton, "USE_TRITON", False)
     if args.ab_detector_batch:
-        kept_det = (backend.max_batch, server.max_images, args.prepare_workers)
+        mtcnn = getattr(server, "_inner", server)
+        kept_det = (mtcnn.max_batch, server._max_images, args.prepare_workers)
 
         def set_det_batch(n, images, threads):
-            server.max_images, args.prepare_workers = images, threads
-            backend.set_impls(max_batch=n)     # the P-Net graphs are captured again for the new buckets
-            backend.capture_graphs()
+            mtcnn.max_batch, server._max_images, args.prepare_workers = n, images, threads
+            mtcnn._fixed = None
+            mtcnn.capture_graphs()
 
         n = args.ab_detector_batch
         ab_a(f"pipeline_detector_batch_{n}", f"up to {n} images per detector call, {n} prepare threads",
@@ -745,16 +721,16 @@ def main(argv: list[str] | None = None) -> int:
         process_detector["outputs_vs_pipeline"] = compare_outputs(summaries["pipeline"].results,
                                                                   summaries["pipeline_detector_process"].results)
         if args.ab_process_repeat:       # A/B/A/B: the detector thread again, then the process again
-            enhancer.use_detector(server)
+            enhancer._detector = server
             print("pipeline again with the detector thread ...", flush=True)
             runs["pipeline_repeat"], _ = measure("pipeline_repeat", pipeline("out_pipeline_a2"), meter, device)
-            enhancer.use_detector(proc)
+            enhancer._detector = proc
             print("pipeline again with the detector process ...", flush=True)
             runs["pipeline_detector_process_repeat"], _ = measure(
                 "pipeline_detector_process_repeat", lambda: run_with_process_detector(folder, work / "out_proc2"),
                 meter, device)
         proc.close()
-        enhancer.use_detector(server)         # back to the detector thread (the process one replaced it)
+        enhancer._detector = server           # back to the detector thread (the process one replaced it)
     pipe = runs["pipeline"]
     pipe["stage_analysis"] = limiting_stage(pipe)
 

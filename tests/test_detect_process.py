@@ -34,7 +34,7 @@ from gpen_tune.face.detect import (
 )
 from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, OutputNaming
 from gpen_tune.model.configs import GPENConfig
-from gpen_tune.model.load import load_model
+from gpen_tune.load import load_model
 from gpen_tune.throughput import enhance_folder
 from gpen_tune.throughput.stages import EnhancerStages
 

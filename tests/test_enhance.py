@@ -15,8 +15,9 @@ from typer.testing import CliRunner
 import gpen_tune
 from gpen_tune.cli import app
 from gpen_tune.face import samples
-from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, resolve_device, tensor_to_crops
+from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, resolve_device
 from gpen_tune.model.configs import GPENConfig
+from gpen_tune.restore.convert import to_uint8_nhwc
 
 MODEL = "GPEN-BFR-256"
 
@@ -207,7 +208,7 @@ def test_bf16_model_gets_bf16_batches():
 def test_output_conversion_rounds_and_clips():
     y = torch.tensor([-2.0, -1.0, 0.0, 1.0, 3.0, -1 + 2 * 100.4 / 255, -1 + 2 * 100.6 / 255]).view(1, 1, 1, 7)
     y = y.expand(1, 3, 1, 7)
-    assert tensor_to_crops(y)[0, 0, :, 0].tolist() == [0, 0, 128, 255, 255, 100, 101]
+    assert to_uint8_nhwc(y)[0, 0, :, 0].tolist() == [0, 0, 128, 255, 255, 100, 101]
 
 
 def test_device_choice():

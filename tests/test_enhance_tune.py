@@ -123,10 +123,10 @@ def test_compiled_restorer_sees_one_batch_shape_in_the_runner(folder, tmp_path):
 
     from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, OutputNaming
     from gpen_tune.model.configs import GPENConfig
-    from gpen_tune.model.load import load_model
+    from gpen_tune.load import load_model
     from gpen_tune.throughput.api import run_jobs
     from gpen_tune.tune import TuneConfig
-    from gpen_tune.tune.restorer import Restorer
+    from gpen_tune.restore.restorer import Restorer
 
     model = load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cpu")
     files = [(p, p.stem) for p in sorted(folder.glob("*.png"))]
@@ -138,7 +138,7 @@ def test_compiled_restorer_sees_one_batch_shape_in_the_runner(folder, tmp_path):
             shapes.append(x.shape[0])
             return model(x)
 
-        restore = Restorer(spy, model=model, cfg=cfg, device="cpu")  # the compile switch as the runner sees it
+        restore = Restorer(spy, model=model, cfg=cfg, device="cpu", one_shape=bool(cfg.compile))  # as built
         settings = EnhanceSettings(device="cpu", detector="mtcnn", batch_size=4)
         enhancer = Enhancer(settings, model=model, restore=restore)
         jobs = run_jobs(files, OutputNaming(tmp_path / name), enhancer, workers=1)

@@ -13,7 +13,7 @@ import json, sys, torch
 sys.path.insert(0, "tests")
 from gpen_reference import gpen_forward_ref
 from gpen_tune.model import GPENConfig
-from gpen_tune.model.load import load_model
+from gpen_tune.load import load_model
 from gpen_tune.ops import fir_triton
 from gpen_tune.ops.fir import make_kernel, upfirdn2d
 
@@ -30,9 +30,7 @@ for name, shape, pad, up, down, dtype in cases:
     bias = torch.randn(shape[1], generator=g).to(dtype)
     res[name + "_applies"] = fir_triton.applies(x, k)
     got = upfirdn2d(x, k, up=up, down=down, pad=pad, bias=bias)
-    fir_triton.MODE = "never"
-    want = upfirdn2d(x.double(), k.double(), up=up, down=down, pad=pad, bias=bias.double())
-    fir_triton.MODE = "auto"
+    want = upfirdn2d(x.double(), k.double(), up=up, down=down, pad=pad, bias=bias.double(), impl="torch")
     res[name] = float((got.double() - want).abs().max() / want.abs().max()) if got.shape == want.shape else 1.0
 # leaky ReLU in the kernel's epilogue, written into the first half of a batch-1 concat buffer (StyledConv's use)
 x = torch.randn(1, 3, 12, 14, generator=g)
@@ -40,9 +38,7 @@ bias = torch.randn(3, generator=g)
 buf = torch.full((1, 6, 12, 14), 7.0)
 k = make_kernel((1, 3, 3, 1))
 got = upfirdn2d(x, k, pad=(2, 1), bias=bias, out=buf[:, :3], negative_slope=0.2)
-fir_triton.MODE = "never"
-want = torch.nn.functional.leaky_relu(upfirdn2d(x, k, pad=(2, 1), bias=bias), 0.2)
-fir_triton.MODE = "auto"
+want = torch.nn.functional.leaky_relu(upfirdn2d(x, k, pad=(2, 1), bias=bias, impl="torch"), 0.2)
 res["act_into_slice"] = float((buf[:, :3] - want).abs().max())
 res["act_returns_out"] = got.data_ptr() == buf.data_ptr()
 res["act_other_half_untouched"] = bool((buf[:, 3:] == 7.0).all())
@@ -97,40 +93,45 @@ def test_cuda_dispatch_and_values():
     k = make_kernel((1, 3, 3, 1)).cuda() * 4
     small = torch.randn(1, 8, 32, 32, device="cuda")
     big = torch.randn(1, 32, 512, 512, device="cuda")
-    assert fir_triton.MODE == "auto"
+    assert fir_triton.failure() is None
     assert not fir_triton.applies(small, k) and fir_triton.applies(big, k)
+    assert fir_triton.applies(small, k, impl="triton") and not fir_triton.applies(big, k, impl="torch")
     with fir_triton.for_graph_capture():
         assert fir_triton.applies(small, k)
     for x, dtype, tol in ((big, torch.float32, 1e-5), (big, torch.bfloat16, 2e-2)):
         x = x.to(dtype)
         bias = torch.randn(x.shape[1], device="cuda", dtype=dtype)
         got = upfirdn2d(x, k, pad=(2, 1), bias=bias)
-        fir_triton.MODE = "never"
-        try:
-            want = upfirdn2d(x.float(), k, pad=(2, 1), bias=bias.float())
-        finally:
-            fir_triton.MODE = "auto"
+        want = upfirdn2d(x.float(), k, pad=(2, 1), bias=bias.float(), impl="torch")
         assert got.shape == want.shape and got.dtype == dtype
         assert float((got.float() - want).abs().max() / want.abs().max()) <= tol
 
 
+_DISABLE_SCRIPT = r"""
+import warnings, torch
+from gpen_tune.ops import fir_triton
+x, k = torch.zeros(1, 2, 8, 8), torch.ones(4, 4) / 16
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    fir_triton.disable("CalledProcessError: ptxas failed")
+    fir_triton.disable("again")                      # a second failure does not warn again
+assert [str(w.message) for w in seen] == [
+    "Triton FIR disabled, using PyTorch's conv instead: CalledProcessError: ptxas failed"], seen
+assert fir_triton.failure() == "CalledProcessError: ptxas failed"
+assert not fir_triton.applies(x, k, impl="triton") and not fir_triton.applies(x, k)
+print("OK")
+"""
+
+
 def test_disable_after_a_failure_warns_once_and_keeps_the_conv_path():
-    """A Triton compile/launch failure turns the kernel off for the process (upfirdn2d then uses the conv)."""
-    import warnings
+    """A Triton compile/launch failure turns the kernel off for the process (upfirdn2d then uses the conv); in a
+    process of its own, as the turn-off lasts for the process."""
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    import torch
-
-    from gpen_tune.ops import fir_triton
-
-    kept = fir_triton.MODE
-    try:
-        fir_triton.MODE = "always"
-        with pytest.warns(RuntimeWarning, match="Triton FIR disabled.*ptxas failed"):
-            fir_triton.disable("CalledProcessError: ptxas failed")
-        assert fir_triton.MODE == "never"
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")           # a second failure does not warn again
-            fir_triton.disable("again")
-        assert not fir_triton.applies(torch.zeros(1, 2, 8, 8), torch.ones(4, 4) / 16)
-    finally:
-        fir_triton.MODE = kept
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
+    proc = subprocess.run([sys.executable, "-c", _DISABLE_SCRIPT], capture_output=True, text=True, env=env,
+                          cwd=root, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-2000:]

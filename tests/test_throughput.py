@@ -22,11 +22,11 @@ import torch
 
 from gpen_tune.face import samples
 from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, OutputNaming
+from gpen_tune.load import load_model
 from gpen_tune.model.configs import GPENConfig
-from gpen_tune.model.load import load_model
+from gpen_tune.restore.buckets import bucket_floor, split_sizes
+from gpen_tune.restore.restorer import Restorer
 from gpen_tune.throughput import enhance_folder
-from gpen_tune.throughput.batching import bucket_floor, split_sizes
-from gpen_tune.throughput.restorer import CropRestorer
 from gpen_tune.throughput.runner import RunnerConfig, default_workers, run_pipeline
 from gpen_tune.throughput.stages import EnhancerStages
 
@@ -128,7 +128,7 @@ def test_results_in_input_order_and_named_as_serial(enhancer, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     stages = SlowFirst(enhancer, OutputNaming(out, suffix="_gpen"), paths)
-    restorer = CropRestorer(enhancer.restore_fn, "cpu", enhancer.size, max_batch=4)
+    restorer = Restorer(enhancer.restore_fn, device="cpu", size=enhancer.size, max_batch=4)
     completion: list[int] = []
     summary = run_pipeline(paths, stages, restorer, RunnerConfig(workers=2, max_wait_ms=1.0),
                            on_result=lambda r: completion.append(r.index))
@@ -171,7 +171,7 @@ def test_generator_failure_fails_only_that_batch(enhancer, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     stages = EnhancerStages(enhancer, OutputNaming(out), paths)
-    restorer = CropRestorer(flaky, "cpu", enhancer.size, max_batch=1)
+    restorer = Restorer(flaky, device="cpu", size=enhancer.size, max_batch=1)
     summary = run_pipeline(paths, stages, restorer, RunnerConfig(workers=1, max_batch=1))
     assert [r.status for r in summary.results] == ["failed", "ok", "ok", "ok"]
     assert "CUDNN_STATUS_EXECUTION_FAILED" in summary.results[0].error
@@ -206,7 +206,7 @@ def test_bounded_inflight_with_slow_consumer(enhancer, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     stages = SlowConsumer(enhancer, OutputNaming(out), paths)
-    restorer = CropRestorer(enhancer.restore_fn, "cpu", enhancer.size, max_batch=2)
+    restorer = Restorer(enhancer.restore_fn, device="cpu", size=enhancer.size, max_batch=2)
     cfg = RunnerConfig(workers=1, max_batch=2, max_inflight=3)
     summary = run_pipeline(paths, stages, restorer, cfg)
     assert summary.ok == 14
@@ -230,19 +230,19 @@ def test_oom_splits_batch_and_keeps_the_limit():
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
         return model(x)
 
-    restorer = CropRestorer(small_gpu, "cpu", 32, max_batch=8)
+    restorer = Restorer(small_gpu, device="cpu", size=32, max_batch=8)
     got = restorer.submit(crops).result()
     assert sizes == [8, 4, 2, 2, 2, 2]              # 8 fails, 4 fails, then chunks of the kept limit
     assert restorer.limit == 2 and restorer.times.oom_splits == 2
-    reference = CropRestorer(model, "cpu", 32, max_batch=2)(crops)
+    reference = Restorer(model, device="cpu", size=32, max_batch=2).restore_crops(crops)
     for a, b in zip(got, reference, strict=True):
         assert np.abs(a.astype(int) - b.astype(int)).max() <= 1
     sizes.clear()
-    again = restorer(crops)                        # later work respects the kept limit: no new failure
+    again = restorer.restore_crops(crops)                      # later work respects the kept limit: no new failure
     assert sizes == [2, 2, 2, 2] and restorer.times.oom_splits == 2
     assert len(again) == 8
     with pytest.raises(ValueError):                # a non-OOM error is not split, it propagates
-        CropRestorer(lambda x: (_ for _ in ()).throw(ValueError("bad")), "cpu", 32, max_batch=4).submit(crops[:4])
+        Restorer(lambda x: (_ for _ in ()).throw(ValueError("bad")), device="cpu", max_batch=4).submit(crops[:4])
 
 
 def test_oom_limit_is_used_by_the_runner(enhancer, tmp_path):
@@ -258,7 +258,7 @@ def test_oom_limit_is_used_by_the_runner(enhancer, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     stages = EnhancerStages(enhancer, OutputNaming(out), paths)
-    restorer = CropRestorer(limited, "cpu", enhancer.size, max_batch=8)
+    restorer = Restorer(limited, device="cpu", size=enhancer.size, max_batch=8)
     summary = run_pipeline(paths, stages, restorer, RunnerConfig(workers=1, max_batch=8, max_wait_ms=50))
     assert summary.ok == 3 and summary.faces == 12
     assert summary.stages["batch_limit"] == 2 and summary.stages["oom_splits"] >= 1
@@ -289,7 +289,7 @@ def test_interrupt_raised_inside_a_stage(enhancer, tmp_path):
     out.mkdir()
     before = threading.active_count()
     summary = run_pipeline(paths, InterruptAt4(enhancer, OutputNaming(out), paths),
-                           CropRestorer(enhancer.restore_fn, "cpu", enhancer.size, max_batch=2),
+                           Restorer(enhancer.restore_fn, device="cpu", size=enhancer.size, max_batch=2),
                            RunnerConfig(workers=1, max_batch=2))
     assert summary.interrupted
     assert len(summary.results) == 8 and summary.results[4].status == "dropped"
@@ -455,7 +455,7 @@ def test_triton_paste_matches_the_cpu_paste_in_interpreter():
 def test_uint8_conversion_is_the_serial_one(enhancer):
     crops = list(samples.aligned_face_crops(enhancer.size, 4))
     want = enhancer.restore_crops(crops)
-    got = CropRestorer(enhancer.restore_fn, "cpu", enhancer.size, max_batch=4).submit(crops).result()
+    got = Restorer(enhancer.restore_fn, device="cpu", size=enhancer.size, max_batch=4).submit(crops).result()
     assert np.array_equal(np.stack(got), want)
 
 
@@ -467,7 +467,7 @@ def test_cuda_pinned_path_equals_serial_restore():
     enh = Enhancer(EnhanceSettings(device="cuda", detector="mtcnn"), model=model)
     crops = list(samples.aligned_face_crops(64, 8))
     want = enh.restore_crops(crops).astype(int)
-    restorer = CropRestorer(enh.restore_fn, "cuda", 64, max_batch=8)
+    restorer = Restorer(enh.restore_fn, device="cuda", size=64, max_batch=8)
     first = restorer.submit(crops)
     second = restorer.submit(crops[4:])              # two batches in flight on the pinned double buffer
     # different batch sizes pick different cuDNN algorithms (and TF32 is on for fp32 convs by default): the
@@ -531,20 +531,20 @@ def test_cuda_deferred_nan_guard_recovers_the_batch_in_fp32():
         pytest.skip("needs CUDA")
     import copy
 
-    from gpen_tune.throughput.restorer import to_model_input, to_uint8_nhwc
-    from gpen_tune.tune import TuneConfig, build_restorer
+    from gpen_tune.restore.convert import to_model_input, to_uint8_nhwc
+    from gpen_tune.restore.restorer import build_restorer
+    from gpen_tune.tune import TuneConfig
 
     model = load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cuda")
     crops = list(samples.aligned_face_crops(64, 4))
     x = to_model_input(torch.from_numpy(np.stack(crops)).cuda())
     with torch.no_grad():
         want_fp32 = to_uint8_nhwc(model(x)).cpu().numpy().astype(int)
-    broken = build_restorer(copy.deepcopy(model), TuneConfig(amp="bf16"), "cuda")
+    broken = build_restorer(copy.deepcopy(model), TuneConfig(amp="bf16"), device="cuda", max_batch=4)
     with torch.no_grad():
         broken.model.ecd0[0][0].weight.mul_(float("inf"))
-    healthy = build_restorer(copy.deepcopy(model), TuneConfig(amp="bf16"), "cuda")
-    bad = CropRestorer(broken, "cuda", 64, max_batch=4)
-    good = CropRestorer(healthy, "cuda", 64, max_batch=4)
+    healthy = build_restorer(copy.deepcopy(model), TuneConfig(amp="bf16"), device="cuda", max_batch=4)
+    bad, good = broken, healthy
     first, second = bad.submit(crops), good.submit(crops)
     assert np.abs(np.stack(first.result()).astype(int) - want_fp32).max() <= TOLERANCE
     assert broken.fp32_reruns == 1 and first.device_out is not None
@@ -613,10 +613,9 @@ def test_cuda_folder_matches_serial_with_gpu_paste(mixed_folder, tmp_path):
     enh.close()
 
 
-def test_fixed_batch_padding_and_unbucketed_runner(enhancer, tmp_path):
-    """FixedBatch pads to one shape and returns the rows asked for; the runner then takes any count up to it."""
-    from gpen_tune.throughput.restorer import FixedBatch
-
+def test_one_shape_padding_and_its_take_policy(enhancer, tmp_path):
+    """A one-shape Restorer (a compiled forward) pads to its limit and returns the rows asked for; its `take`
+    then lets the runner launch any count up to the limit."""
     seen: list[int] = []
 
     def spy(x: torch.Tensor) -> torch.Tensor:
@@ -624,9 +623,9 @@ def test_fixed_batch_padding_and_unbucketed_runner(enhancer, tmp_path):
         return enhancer.restore_fn(x)
 
     crops = list(samples.aligned_face_crops(enhancer.size, 3))
-    fixed = FixedBatch(spy, 4)
-    got = CropRestorer(fixed, "cpu", enhancer.size, max_batch=4).submit(crops).result()
-    want = CropRestorer(enhancer.restore_fn, "cpu", enhancer.size, max_batch=4).submit(crops).result()
+    fixed = Restorer(spy, device="cpu", size=enhancer.size, max_batch=4, one_shape=True)
+    got = fixed.submit(crops).result()
+    want = Restorer(enhancer.restore_fn, device="cpu", size=enhancer.size, max_batch=4).submit(crops).result()
     assert seen == [4] and len(got) == 3
     assert max(np.abs(a.astype(int) - b.astype(int)).max() for a, b in zip(got, want, strict=True)) <= TOLERANCE
 
@@ -634,8 +633,8 @@ def test_fixed_batch_padding_and_unbucketed_runner(enhancer, tmp_path):
     src.mkdir()
     paths = [_write(src / "m.png", samples.mosaic(3, 1))]
     stages = EnhancerStages(enhancer, OutputNaming(tmp_path), paths)
-    restorer = CropRestorer(FixedBatch(enhancer.restore_fn, 4), "cpu", enhancer.size, max_batch=4)
-    summary = run_pipeline(paths, stages, restorer, RunnerConfig(workers=1, max_batch=4, bucket_batches=False))
+    restorer = Restorer(enhancer.restore_fn, device="cpu", size=enhancer.size, max_batch=4, one_shape=True)
+    summary = run_pipeline(paths, stages, restorer, RunnerConfig(workers=1, max_batch=4))
     assert summary.faces == 3 and summary.stages["batch_sizes"] == {3: 1}    # 3 faces in one call, not 2 + 1
 
 

@@ -72,8 +72,8 @@ def test_tune_pipeline_plugs_into_the_enhancer():
     import numpy as np
     from skimage import data
 
-    from gpen_tune.model.load import load_model
-    from gpen_tune.tune.wiring import tune_pipeline
+    from gpen_tune.load import load_model
+    from gpen_tune.restore.wiring import tune_pipeline
 
     model = load_model("synthetic", model="GPEN-BFR-256")
     cfg = TuneConfig(lazy_detector=True, act_checkpoint=True, face_crop=True)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from gpen_tune.load import load_model
 from gpen_tune.model.configs import GPENConfig
 from gpen_tune.model.layers import (
     EqualConv2d,
@@ -20,10 +21,10 @@ from gpen_tune.model.layers import (
     StyledConv,
     ToRGB,
 )
-from gpen_tune.model.load import load_model
-from gpen_tune.tune import TuneConfig, act_checkpoint, amp, build_restorer, cuda_graph, face_crop, lazy_detector
+from gpen_tune.restore.buckets import bucket_ceil
+from gpen_tune.restore.restorer import Restorer, build_restorer, finite_per_face
+from gpen_tune.tune import TuneConfig, act_checkpoint, amp, cuda_graph, face_crop, lazy_detector
 from gpen_tune.tune.live_memory import generator_activation_peak
-from gpen_tune.tune.restorer import Restorer
 from gpen_tune.tune.torch_compile import CompiledForward
 
 TINY = GPENConfig(64, narrow=0.25)
@@ -78,7 +79,7 @@ def tiny_ref(tiny_model):
 def test_checkpoint_frees_features_scales_in_place_and_output_is_the_same(tiny_model, tiny_ref):
     x, ref = tiny_ref
     model = copy.deepcopy(tiny_model)
-    restore = build_restorer(model, TuneConfig(act_checkpoint=True), "cpu")
+    restore = build_restorer(model, TuneConfig(act_checkpoint=True), device="cpu")
     assert restore.model.release_features is True
     styled = [m for m in restore.model.modules() if isinstance(m, StyledConv)]
     assert styled and all(m.low_memory for m in styled)
@@ -95,7 +96,7 @@ def test_checkpoint_lowers_the_activation_peak():
     model = load_model("synthetic", model=cfg)
     x = face_batch(128, n=1)
     plain = generator_activation_peak(model, x)
-    build_restorer(model, TuneConfig(act_checkpoint=True), "cpu")
+    build_restorer(model, TuneConfig(act_checkpoint=True), device="cpu")
     saved = generator_activation_peak(model, x)
     assert saved < 0.85 * plain, (plain / 2**20, saved / 2**20)
 
@@ -116,7 +117,7 @@ def test_autograd_checkpointing_is_kept_for_grad_enabled_forwards(tiny_model, ti
 def test_amp_casts_convs_keeps_fp32_islands_and_stays_within_tolerance(tiny_model, tiny_ref, amp):
     x, ref = tiny_ref
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[amp]
-    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp=amp), "cpu")
+    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp=amp), device="cpu")
     m = restore.model
     assert m.ecd0[0][0].weight.dtype == dtype
     for mod in m.modules():
@@ -134,7 +135,7 @@ def test_amp_casts_convs_keeps_fp32_islands_and_stays_within_tolerance(tiny_mode
 
 def test_amp_reruns_a_non_finite_batch_in_fp32_with_the_original_weights(tiny_model, tiny_ref):
     x, ref = tiny_ref
-    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), "cpu")
+    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), device="cpu")
     with torch.no_grad():  # an overflow in the half model only: its first conv weight becomes inf
         restore.model.ecd0[0][0].weight.mul_(float("inf"))
     out = restore(x)
@@ -144,29 +145,31 @@ def test_amp_reruns_a_non_finite_batch_in_fp32_with_the_original_weights(tiny_mo
     assert any("re-ran it in fp32" in f and "original fp32 weights" in f for f in restore.fallbacks)
 
 
-def test_deferred_finite_check_returns_the_flag_and_recover_reruns_in_fp32(tiny_model, tiny_ref):
-    """The pipeline's form of the NaN guard: no host sync inside the call; the flag says False for the broken half
-    model and `recover` gives the fp32 output; a healthy batch gives True and the same output as the inline guard."""
-    x, ref = tiny_ref
-    healthy = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), "cpu")
-    out, finite = healthy.forward_deferred(x)
-    assert finite is not None and finite.dtype == torch.bool and bool(finite)
-    assert torch.equal(out, healthy(x)) and healthy.fp32_reruns == 0
-    broken = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), "cpu")
+def test_crop_level_guard_reruns_a_broken_half_batch_in_fp32(tiny_model):
+    """The pipeline's form of the NaN guard (submit / restore_crops): the per-face flags travel with the batch and
+    a non-finite face sends the batch to the fp32 re-run; the crops equal the fp32 model's, nothing is counted
+    as non-finite; a healthy half batch runs once."""
+    from gpen_tune.restore.convert import to_model_input, to_uint8_nhwc
+
+    crops = [c.numpy() for c in ((face_batch(64, n=3) + 1) * 127.5).round().clamp(0, 255).byte().permute(0, 2, 3, 1)]
+    with torch.no_grad():
+        want = to_uint8_nhwc(tiny_model(to_model_input(torch.from_numpy(np.stack(crops))))).numpy()
+    healthy = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), device="cpu")
+    healthy.restore_crops(crops)
+    assert healthy.fp32_reruns == 0 and healthy.nonfinite_faces == 0
+    broken = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), device="cpu")
     with torch.no_grad():
         broken.model.ecd0[0][0].weight.mul_(float("inf"))
-    out, finite = broken.forward_deferred(x)
-    assert not bool(finite) and not torch.isfinite(out).all() and broken.fp32_reruns == 0
-    assert torch.equal(broken.recover(x), ref) and broken.fp32_reruns == 1
-    plain = build_restorer(copy.deepcopy(tiny_model), TuneConfig(), "cpu")     # no amp: no guard, no flag
-    assert plain.forward_deferred(x)[1] is None
+    got = broken.restore_crops(crops)
+    assert broken.fp32_reruns == 1 and broken.nonfinite_faces == 0
+    assert np.array_equal(got, want)
 
 
 def test_fp32_rerun_first_needed_inside_inference_mode(tiny_model, tiny_ref):
     """The folder runner restores under torch.inference_mode; the fp32 model built there for the first re-run must
     still run (its weights must not be inference tensors, whose version the demodulation cache reads)."""
     x, ref = tiny_ref
-    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), "cpu")
+    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), device="cpu")
     with torch.no_grad():
         restore.model.ecd0[0][0].weight.mul_(float("inf"))
     with torch.inference_mode():
@@ -181,7 +184,7 @@ def test_fp16_overflow_is_caught_and_rerun(tiny_model):
         big.ecd0[0][0].weight.mul_(1e6)
         ref = big(x)
     assert torch.isfinite(ref).all()
-    restore = build_restorer(copy.deepcopy(big), TuneConfig(amp="fp16"), "cpu")
+    restore = build_restorer(copy.deepcopy(big), TuneConfig(amp="fp16"), device="cpu")
     with torch.no_grad():
         assert not torch.isfinite(restore.model(x)).all()  # the half model really overflows
     out = restore(x)
@@ -204,7 +207,7 @@ def test_compile_traces_gpen256_as_one_graph_and_the_compiled_module_is_used():
         return gm.forward
 
     torch._dynamo.reset()
-    restore = build_restorer(model, TuneConfig(compile="default"), "cpu", compile_backend=counting_backend)
+    restore = build_restorer(model, TuneConfig(compile="default"), device="cpu", compile_backend=counting_backend)
     assert isinstance(restore.forward, CompiledForward)
     out = restore(x)
     assert restore.forward.active and not restore.fallbacks
@@ -220,7 +223,7 @@ def test_compile_failure_warns_and_runs_eager(tiny_model, tiny_ref):
         raise RuntimeError("backend exploded (test)")
 
     torch._dynamo.reset()
-    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(compile="max-autotune"), "cpu",
+    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(compile="max-autotune"), device="cpu",
                              compile_backend=broken_backend)
     with pytest.warns(RuntimeWarning, match="running eager"):
         out = restore(x)
@@ -238,7 +241,7 @@ def test_inductor_compiles_gpen256_fullgraph_on_cpu():
     with torch.no_grad():
         ref = model(x)
     torch._dynamo.reset()
-    restore = build_restorer(model, TuneConfig(compile="default"), "cpu")
+    restore = build_restorer(model, TuneConfig(compile="default"), device="cpu")
     out = restore(x)
     assert restore.forward.active and not restore.fallbacks
     assert (out - ref).abs().max() <= 1e-3
@@ -249,7 +252,7 @@ def test_inductor_compiles_gpen256_fullgraph_on_cpu():
 
 def test_cuda_graph_is_skipped_on_cpu_with_a_clear_reason(tiny_model, tiny_ref):
     x, ref = tiny_ref
-    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(cuda_graph=True), "cpu")
+    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(cuda_graph=True), device="cpu")
     assert restore.skipped["cuda_graph"] == "CUDA Graphs need a CUDA device; running on cpu without graph capture"
     assert "cuda_graph skipped: CUDA Graphs need a CUDA device" in restore.fallbacks[0]
     assert not isinstance(restore.forward, cuda_graph.GraphedForward)
@@ -258,9 +261,9 @@ def test_cuda_graph_is_skipped_on_cpu_with_a_clear_reason(tiny_model, tiny_ref):
 
 
 def test_cuda_graph_buckets():
-    assert [cuda_graph.bucket_for(b) for b in (1, 2, 3, 5, 16, 17, 64)] == [1, 2, 4, 8, 16, 32, 64]
+    assert [bucket_ceil(b) for b in (1, 2, 3, 5, 16, 17, 64)] == [1, 2, 4, 8, 16, 32, 64]
     with pytest.raises(ValueError):
-        cuda_graph.bucket_for(65)
+        bucket_ceil(65)
     assert cuda_graph.compile_already_graphs(TuneConfig(compile="reduce-overhead"))
     assert cuda_graph.compile_already_graphs(TuneConfig(compile="max-autotune"))
     assert not cuda_graph.compile_already_graphs(TuneConfig(compile="default"))
@@ -283,8 +286,8 @@ def test_out_of_memory_splits_the_batch_and_remembers_the_limit(tiny_model):
     restore = Restorer(runs_at_most_two, model=tiny_model)
     out = restore(x)
     assert (out - ref).abs().max() <= 1e-5
-    assert restore.max_batch == 2
-    assert seen[:2] == [5, 3] and max(seen[2:]) <= 2
+    assert restore.limit == restore.max_batch == 2
+    assert seen == [5, 2, 2, 1]
     assert any("out of memory at batch 5" in f for f in restore.fallbacks)
     seen.clear()
     restore(x[:4])
@@ -382,7 +385,7 @@ def test_all_cpu_switches_together_stay_within_tolerance(tiny_model, tiny_ref):
     cfg = TuneConfig(lazy_detector=True, amp="bf16", act_checkpoint=True, face_crop=True, cuda_graph=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        restore = build_restorer(copy.deepcopy(tiny_model), cfg, "cpu")
+        restore = build_restorer(copy.deepcopy(tiny_model), cfg, device="cpu")
     assert set(restore.skipped) == {"lazy_detector", "cuda_graph"}
     assert restore.model.release_features and restore.model.ecd0[0][0].weight.dtype == torch.bfloat16
     assert psnr(restore(x), ref) >= 40.0
@@ -413,7 +416,7 @@ def test_cuda_graph_replays_the_right_outputs_for_changing_inputs(no_tf32):
     x = face_batch(256, n=3).cuda()
     with torch.no_grad():
         ref = model(x)
-    restore = build_restorer(copy.deepcopy(model), TuneConfig(cuda_graph=True), "cuda")
+    restore = build_restorer(copy.deepcopy(model), TuneConfig(cuda_graph=True), device="cuda")
     assert isinstance(restore.forward, cuda_graph.GraphedForward)
     a = restore(x[:1])
     b = restore(x[1:2])  # same bucket, different face
@@ -431,7 +434,7 @@ def test_bf16_on_gpu_within_tolerance():
     x = face_batch(256, n=2).cuda()
     with torch.no_grad():
         ref = model(x)
-    restore = build_restorer(copy.deepcopy(model), TuneConfig(amp="bf16", cuda_graph=True), "cuda")
+    restore = build_restorer(copy.deepcopy(model), TuneConfig(amp="bf16", cuda_graph=True), device="cuda")
     assert psnr(restore(x), ref) >= 40.0
 
 
@@ -444,7 +447,7 @@ def test_cuda_graph_composes_with_compile_without_capturing_twice(mode):
     with torch.no_grad():
         ref = model(x)
     torch._dynamo.reset()
-    restore = build_restorer(copy.deepcopy(model), TuneConfig(compile=mode, cuda_graph=True), "cuda")
+    restore = build_restorer(copy.deepcopy(model), TuneConfig(compile=mode, cuda_graph=True), device="cuda")
     if mode == "default":  # the compiled module is what gets captured
         assert isinstance(restore.forward, cuda_graph.GraphedForward)
         assert isinstance(restore.forward.module, CompiledForward)
@@ -462,7 +465,7 @@ def test_cuda_graph_composes_with_compile_without_capturing_twice(mode):
 def test_cudnn_search_pool_is_released_after_warmup(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)  # restored after the test (others need defaults)
     model = load_model("synthetic", model="GPEN-BFR-256", device="cuda")
-    restore = build_restorer(model, TuneConfig(), "cuda")
+    restore = build_restorer(model, TuneConfig(), device="cuda")
     restore(face_batch(256, n=4).cuda())
     torch.cuda.synchronize()
     # whatever the algorithm search reserved is handed back; what stays is what the generator holds
@@ -470,40 +473,38 @@ def test_cudnn_search_pool_is_released_after_warmup(monkeypatch):
 
 
 def test_fused_switch_uses_the_fast_module_built_from_fp32_weights(tiny_model, tiny_ref):
-    pytest.importorskip("gpen_tune.fast", reason="needs the fast part (gpen_tune.fast)")
     x, ref = tiny_ref
-    exact = build_restorer(copy.deepcopy(tiny_model), TuneConfig(fused=True), "cpu")
+    exact = build_restorer(copy.deepcopy(tiny_model), TuneConfig(fused=True), device="cpu")
     assert exact.forward is not exact.model and not exact.fallbacks
     assert (exact(x) - ref).abs().max() <= 1e-3
-    half = build_restorer(copy.deepcopy(tiny_model), TuneConfig(fused=True, amp="bf16"), "cpu")
+    half = build_restorer(copy.deepcopy(tiny_model), TuneConfig(fused=True, amp="bf16"), device="cpu")
     assert half.model.ecd0[0][0].weight.dtype == torch.bfloat16  # the fallback template is cast after fusing
     assert half.reserve is not None and half.reserve.exact
     assert psnr(half(x), ref) >= 40.0
 
 
-def test_non_finite_check_is_one_reduction_and_never_misses():
-    from gpen_tune.tune.restorer import all_finite
-
-    x = torch.rand(2, 3, 16, 16) * 2 - 1
-    assert all_finite(x) and all_finite(x.bfloat16())
+def test_non_finite_check_is_one_reduction_per_face_and_never_misses():
+    x = torch.rand(3, 3, 16, 16) * 2 - 1
+    assert finite_per_face(x).tolist() == [True] * 3 and finite_per_face(x.bfloat16()).all()
     for bad in (float("nan"), float("inf"), -float("inf")):
         y = x.clone()
         y[1, 2, 7, 3] = bad
-        assert not all_finite(y) and not all_finite(y.bfloat16())
+        assert finite_per_face(y).tolist() == [True, False, True]
+        assert finite_per_face(y.bfloat16()).tolist() == [True, False, True]
     y = x.clone()
-    y[0, 0, 0, 0], y[1, 1, 1, 1] = float("inf"), -float("inf")  # inf - inf = nan in the sum: still caught
-    assert not all_finite(y)
+    y[2, 0, 0, 0], y[2, 1, 1, 1] = float("inf"), -float("inf")  # inf - inf = nan in the sum: still caught
+    assert finite_per_face(y).tolist() == [True, True, False]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        all_finite(x)
-    ops = {e.key for e in prof.key_averages()}
-    assert "aten::sum" in ops and "aten::isfinite" not in ops and "aten::all" not in ops
+        finite_per_face(x)
+    sums = [e for e in prof.key_averages() if e.key == "aten::sum"]
+    assert len(sums) == 1 and sums[0].count == 1       # one reduction for the whole batch
 
 
 def test_amp_casts_the_blur_kernels_once_not_per_call(tiny_model, tiny_ref):
     from gpen_tune.model.layers import Blur, Upsample
 
     x, _ = tiny_ref
-    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), "cpu")
+    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), device="cpu")
     kinds = {(type(m).__name__, m.kernel.dtype) for m in restore.model.modules() if isinstance(m, Blur | Upsample)}
     assert kinds == {("Blur", torch.bfloat16), ("Upsample", torch.float32)}  # Upsample filters the fp32 RGB skip
     per_call = copy.deepcopy(tiny_model)          # what ran before: half weights, fp32 kernels cast on every call

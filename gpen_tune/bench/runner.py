@@ -34,9 +34,10 @@ from gpen_tune.bench.inputs import load_faces
 from gpen_tune.bench.measure import MiB, max_abs, peaks, psnr, reset_memory, reset_peak, summary, time_calls, timed_once
 from gpen_tune.bench.rows import Row, select_rows
 from gpen_tune.model.configs import MODELS, GPENConfig
+from gpen_tune.restore.restorer import build_restorer
+from gpen_tune.tune.apply import SWITCH_MODULES
 from gpen_tune.tune.live_memory import generator_activation_peak
 from gpen_tune.tune.options import TuneConfig
-from gpen_tune.tune.restorer import SWITCH_MODULES, build_restorer
 
 SCHEMA = "gpen-tune-bench/1"
 TINY_MODELS = {"tiny": GPENConfig(64, narrow=0.25), "tiny32": GPENConfig(32, narrow=0.25)}  # tests / smoke runs
@@ -154,7 +155,7 @@ def _run_bench(s: BenchSettings, log: Callable[[str], None], on_progress: Callab
     if s.custom is not None:
         rows.append(Row("custom", s.custom_label, tuple(s.custom.enabled()), s.custom))
 
-    from gpen_tune.model.load import load_model
+    from gpen_tune.load import load_model
 
     base = load_model(s.weights, model=model_arg, device="cpu")
     faces, source = load_faces(s.inputs, gcfg.size, s.max_faces)
@@ -229,7 +230,7 @@ def _measure_row(row: Row, base: torch.nn.Module, faces: torch.Tensor, device: t
     reset_memory(device)
     model = copy.deepcopy(base).to(device)
     t0 = time.perf_counter()
-    restore = build_restorer(model, row.cfg, device)
+    restore = build_restorer(model, row.cfg, device=device)
     build_s = time.perf_counter() - t0
     n = faces.shape[0]
     on_device = faces.to(device)

@@ -25,6 +25,7 @@ def make_kernel(k: tuple[int, ...] | list[int]) -> torch.Tensor:
 def upfirdn2d(
     x: torch.Tensor, kernel: torch.Tensor, up: int = 1, down: int = 1, pad: tuple[int, int] = (0, 0),
     bias: torch.Tensor | None = None, out: torch.Tensor | None = None, negative_slope: float | None = None,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """Upsample by zero insertion, pad, convolve with `kernel` (depthwise, true convolution), downsample.
 
@@ -37,6 +38,8 @@ def upfirdn2d(
         out, negative_slope: with both (up = down = 1 only), leaky_relu(result, negative_slope) is written into
             `out` (contiguous, the result's shape) and `out` is returned: the Triton kernel does it in the same
             pass, the conv path in one more.
+        impl: "auto" (the Triton kernel where it pays, see fir_triton.py), "torch" (always the conv path),
+            "triton" (the kernel wherever it can run: A/B measurements).
     Returns:
         [N, C, (H*up + p0 + p1 - kh)//down + 1, ...].
     """
@@ -48,7 +51,7 @@ def upfirdn2d(
     p0, p1 = pad
     if (out is None) != (negative_slope is None) or (out is not None and (up, down) != (1, 1)):
         raise ValueError("out and negative_slope go together, and only with up = down = 1")
-    if p0 >= 0 and p1 >= 0 and fir_triton.applies(x, kernel):   # CUDA: one Triton pass (see fir_triton.py)
+    if p0 >= 0 and p1 >= 0 and fir_triton.applies(x, kernel, impl):   # CUDA: one Triton pass (see fir_triton.py)
         try:
             y = fir_triton.fir4(x, kernel, (p0, p1), bias, out=out, negative_slope=negative_slope)
             return y[:, :, ::down, ::down] if down > 1 else y

@@ -8,17 +8,16 @@ Used by `gpen_tune.ops.fir.upfirdn2d` for up = down = 1 on CUDA tensors (not whi
 would break the graph at the launch; Inductor fuses the conv path itself).
 When: a Triton launch costs more host time than PyTorch's conv (measured on the H200: eager bs1 went from 7.9 to
 10.2 ms with every FIR on Triton while its GPU time fell 0.7 ms), and an eager bs1 forward is host-bound. So
-`MODE = "auto"` takes Triton inside `for_graph_capture()` (the graph wrapper's warm-up and capture: replays pay
+`impl="auto"` takes Triton inside `for_graph_capture()` (the graph wrapper's warm-up and capture: replays pay
 no launch cost, and every kernel variant compiles before capture starts) and, in eager mode, only for tensors of
-at least EAGER_MIN_ELEMENTS, where the GPU time saved exceeds the launch cost.
-"always" / "never" (GPEN_TUNE_FIR=triton / torch) are for A/B measurements in one run. CPU tests run the kernel
+at least EAGER_MIN_ELEMENTS, where the GPU time saved exceeds the launch cost. `impl="triton"` / `"torch"` (an
+argument of `upfirdn2d`) force one side: the benchmark's A/B and the tests' reference. CPU tests run the kernel
 through Triton's interpreter (TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import warnings
 
@@ -27,15 +26,16 @@ import torch
 from gpen_tune.ops.triton_support import INTERPRET as _INTERPRET  # without Triton the conv path is used
 from gpen_tune.ops.triton_support import tl, triton
 
-MODE = {"triton": "always", "torch": "never"}.get(os.environ.get("GPEN_TUNE_FIR", ""), "auto")
+IMPLS = ("auto", "torch", "triton")
 EAGER_MIN_ELEMENTS = 1 << 22          # 4M: GPEN-512 bs1's two largest planes (512^2 x 32, 256^2 x 64) and up
 _TILE_Y, _TILE_X = 16, 64
 _capturing = threading.local()
+_failure: list[str] = []              # the reason, once a compile/launch failure turned the kernel off (see disable)
 
 
 @contextlib.contextmanager
 def for_graph_capture():
-    """Every FIR call of this thread takes the Triton kernel (MODE "auto"): wrap a graph's warm-up and capture."""
+    """Every FIR call of this thread takes the Triton kernel (impl "auto"): wrap a graph's warm-up and capture."""
     depth = getattr(_capturing, "depth", 0)
     _capturing.depth = depth + 1
     try:
@@ -44,9 +44,11 @@ def for_graph_capture():
         _capturing.depth = depth
 
 
-def applies(x: torch.Tensor, kernel: torch.Tensor) -> bool:
-    """Whether `fir4` can take this call (otherwise the caller uses the conv path)."""
-    if MODE == "never" or triton is None or x.dim() != 4 or tuple(kernel.shape) != (4, 4):
+def applies(x: torch.Tensor, kernel: torch.Tensor, impl: str = "auto") -> bool:
+    """Whether `fir4` takes this call (otherwise the caller uses the conv path); `impl` as in the module doc."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl={impl!r}; choose one of {IMPLS}")
+    if impl == "torch" or _failure or triton is None or x.dim() != 4 or tuple(kernel.shape) != (4, 4):
         return False
     if not (x.is_cuda or _INTERPRET) or not x.is_contiguous():
         return False
@@ -56,7 +58,7 @@ def applies(x: torch.Tensor, kernel: torch.Tensor) -> bool:
         return False
     if not _INTERPRET and not _capable(x.device):
         return False
-    if MODE == "always" or _INTERPRET:
+    if impl == "triton" or _INTERPRET:
         return True
     return x.numel() >= EAGER_MIN_ELEMENTS or getattr(_capturing, "depth", 0) > 0
 
@@ -74,10 +76,14 @@ def _capable(device: torch.device) -> bool:
 
 def disable(reason: str) -> None:
     """Turn the kernel off for the rest of the process (a compile or launch failure), with one warning."""
-    global MODE
-    if MODE != "never":
-        MODE = "never"
+    if not _failure:
+        _failure.append(reason)
         warnings.warn(f"Triton FIR disabled, using PyTorch's conv instead: {reason}", RuntimeWarning, stacklevel=3)
+
+
+def failure() -> str | None:
+    """Why the kernel was turned off in this process, or None."""
+    return _failure[0] if _failure else None
 
 
 def fir4(x: torch.Tensor, kernel: torch.Tensor, pad: tuple[int, int], bias: torch.Tensor | None = None,

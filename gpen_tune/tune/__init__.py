@@ -1,6 +1,7 @@
-"""The six optimizations, one module each, composed by `TuneConfig` and applied by `build_restorer`.
+"""The six optimizations, one module each, composed by `TuneConfig`; `apply.apply_switches` applies them in order.
 
-    from gpen_tune.tune import TuneConfig, presets, build_restorer
+    from gpen_tune.tune import TuneConfig, presets
+    from gpen_tune.restore import build_restorer
     restore = build_restorer(model, presets["balanced"], device="cuda")
     out = restore(batch)          # [B,3,S,S] in [-1,1] -> fp32; restore.fallbacks says what fell back
 """
@@ -9,15 +10,4 @@ from gpen_tune.tune.options import PRESETS, STEPS, TuneConfig, choose_preset, re
 
 presets = PRESETS
 
-
-def __getattr__(name: str):
-    """`Restorer` and `build_restorer` import torch: load them on first use so the CLI starts fast."""
-    if name in ("Restorer", "build_restorer"):
-        from gpen_tune.tune import restorer
-
-        return getattr(restorer, name)
-    raise AttributeError(f"module 'gpen_tune.tune' has no attribute {name!r}")
-
-
-__all__ = ["PRESETS", "STEPS", "Restorer", "TuneConfig", "build_restorer", "choose_preset", "presets",
-           "resolve_preset"]
+__all__ = ["PRESETS", "STEPS", "TuneConfig", "choose_preset", "presets", "resolve_preset"]

@@ -1,10 +1,10 @@
 """--cuda-graph: replay the generator from CUDA Graphs captured per (batch bucket, size, dtype).
 
-What changes: the first batch of each bucket (1, 2, 4, 8, 16, 32, 64) is padded up to the bucket, the module runs
-a few warm-up calls on a side stream (cuDNN / Inductor choose their kernels outside the capture), then one call is
-captured with static input/output buffers. Every later call copies its batch into the static input, zeroes the
-padding rows, replays the graph and returns a clone of the rows it asked for (the static output is overwritten by
-the next replay). Batches above the largest bucket are run in bucket-sized chunks.
+What changes: the first batch of each bucket (the restorer's table: 1, 2, 4, 8, 16, 32, 64) is padded up to the
+bucket, the module runs a few warm-up calls on a side stream (cuDNN / Inductor choose their kernels outside the
+capture), then one call is captured with static input/output buffers. Every later call copies its batch into
+the static input, zeroes the padding rows, replays the graph and returns a clone of the rows it asked for (the
+static output is overwritten by the next replay). Batches above the largest bucket are run in bucket-sized chunks.
 All buckets share one private memory pool: only one graph runs at a time and each output is cloned out right
 after its replay, so a later capture may reuse an earlier graph's scratch memory (peak = the largest graph, not
 the sum).
@@ -24,16 +24,17 @@ without graphs (recorded). On the CPU: skipped with the message from `is_support
 
 from __future__ import annotations
 
+import bisect
 import gc
+import time
 from collections.abc import Callable
 
 import torch
 
 from gpen_tune.ops import fir_triton
+from gpen_tune.tune.oom import is_out_of_memory
 from gpen_tune.tune.options import TuneConfig
-from gpen_tune.tune.torch_compile import is_out_of_memory
 
-BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 WARMUP_CALLS = 3
 
 
@@ -55,14 +56,6 @@ def compile_already_graphs(cfg: TuneConfig) -> bool:
     return cfg.compile in COMPILE_MODES_WITH_GRAPHS
 
 
-def bucket_for(batch: int, buckets: tuple[int, ...] = BUCKETS) -> int:
-    """Smallest bucket >= batch (batch <= max(buckets))."""
-    for b in buckets:
-        if b >= batch:
-            return b
-    raise ValueError(f"batch {batch} is above the largest bucket {buckets[-1]}")
-
-
 class _Captured:
     def __init__(self, graph: torch.cuda.CUDAGraph, static_in: torch.Tensor, static_out: torch.Tensor,
                  seconds: float):
@@ -75,7 +68,7 @@ class _Captured:
 class GraphedForward:
     """A callable replaying per-bucket CUDA graphs of `module` (which maps [B,3,S,S] -> [B,3,S,S])."""
 
-    def __init__(self, module: Callable[[torch.Tensor], torch.Tensor], buckets: tuple[int, ...] = BUCKETS,
+    def __init__(self, module: Callable[[torch.Tensor], torch.Tensor], buckets: tuple[int, ...],
                  on_fallback: Callable[[str], None] | None = None):
         self.module = module
         self.buckets = tuple(sorted(buckets))
@@ -95,7 +88,7 @@ class GraphedForward:
         if x.shape[0] > top:
             return torch.cat([self(chunk) for chunk in x.split(top)])
         n = x.shape[0]
-        bucket = bucket_for(n, self.buckets)
+        bucket = self.buckets[bisect.bisect_left(self.buckets, n)]     # smallest bucket >= n
         key = (bucket, tuple(x.shape[1:]), x.dtype, x.device)
         entry = self.graphs.get(key)
         if entry is None:
@@ -117,8 +110,6 @@ class GraphedForward:
         return entry.static_out[:n].clone()
 
     def _capture(self, key: tuple) -> _Captured:
-        import time
-
         bucket, shape, dtype, device = key
         start = time.perf_counter()
         with torch.inference_mode(False):  # a normal tensor: refillable inside and outside inference_mode
@@ -159,5 +150,6 @@ class GraphedForward:
 
 
 def apply(module: Callable[[torch.Tensor], torch.Tensor], cfg: TuneConfig,
-          on_fallback: Callable[[str], None] | None = None, buckets: tuple[int, ...] = BUCKETS) -> GraphedForward:
+          on_fallback: Callable[[str], None] | None = None, *, buckets: tuple[int, ...]) -> GraphedForward:
+    """Wrap `module` in per-bucket graphs; `buckets`: the restorer's table (gpen_tune.restore.buckets.BUCKETS)."""
     return GraphedForward(module, buckets=buckets, on_fallback=on_fallback)

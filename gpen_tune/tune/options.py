@@ -61,9 +61,9 @@ class TuneConfig:
         tolerance="identical to the module it captures", requires="CUDA")
     fused: bool = _switch(
         False, flag="--fused",
-        help=("Use the fused fast path of gpen_tune.fast (precomputed weight transforms, channels-last, one Triton "
-              "pass per conv for FIR + demodulation + bias + activation + next style)."),
-        tolerance="max-abs <= 1e-3 vs fp32 in fp32", requires="gpen_tune.fast")
+        help=("Use the fused generator of gpen_tune.model.fused (precomputed weight transforms, channels-last, "
+              "one Triton pass per conv for FIR + demodulation + bias + activation + next style)."),
+        tolerance="max-abs <= 1e-3 vs fp32 in fp32", requires="any device (Triton kernels on CUDA)")
 
     def __post_init__(self) -> None:
         if self.compile is not None and self.compile not in COMPILE_MODES:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 
+from gpen_tune.tune.oom import is_out_of_memory
 from gpen_tune.tune.options import TuneConfig
 
 
@@ -42,13 +43,6 @@ def is_supported(device: str | torch.device, cfg: TuneConfig | None = None) -> s
             return "torch.compile on CUDA needs Triton (pip install triton), which is not importable"
         return None
     return f"torch.compile is not set up for device type {device.type!r} here"
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """CUDA (or host) allocation failures: these go to the restorer's batch splitting, not to the eager fallback."""
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
-        return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
 class CompiledForward:

@@ -1,4 +1,7 @@
-"""`load_model`: a GPEN generator in eval mode from a weights file, a registry name or synthetic weights."""
+"""`load_model`: a GPEN generator in eval mode from a weights file, a registry name or synthetic weights.
+
+Above model/, weights/ and tune/ (it uses all three), so that model/ imports neither of the others.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +9,11 @@ from pathlib import Path
 
 import torch
 
-from gpen_tune.model.configs import GPENConfig, model_info
+from gpen_tune.model.configs import MODELS, GPENConfig, model_info
 from gpen_tune.model.gpen import FullGenerator
+from gpen_tune.tune.amp import cast_model
+from gpen_tune.weights.checkpoint import check_state_dict, read_state_dict, synthetic_state_dict
+from gpen_tune.weights.registry import ensure_weights
 
 SYNTHETIC = "synthetic"
 
@@ -34,8 +40,6 @@ def load_model(
     Returns:
         FullGenerator with `.weights_source` set to "synthetic" or the resolved file path.
     """
-    from gpen_tune.weights.checkpoint import check_state_dict, read_state_dict, synthetic_state_dict
-
     cfg = model if isinstance(model, GPENConfig) else model_info(model).config
     if str(weights) == SYNTHETIC:
         sd = synthetic_state_dict(cfg)
@@ -51,8 +55,6 @@ def load_model(
     net.weights_source = source
     net = net.to(device).eval().requires_grad_(False)
     if dtype is not None and dtype != torch.float32:
-        from gpen_tune.tune.amp import cast_model
-
         net = cast_model(net, dtype)
     return net
 
@@ -63,11 +65,7 @@ def resolve_weights(weights: str | Path, download: bool = False) -> Path:
     A registry name whose file is missing raises WeightsNotFoundError naming the URL and the exact path to put
     the file at, unless `download` is set; a cached file whose sha256 differs from its pin is refused.
     """
-    from gpen_tune.model.configs import MODELS
-
     name = str(weights)
     if name in MODELS:
-        from gpen_tune.weights.registry import ensure_weights
-
         return ensure_weights(name, download=download)
     return Path(weights).expanduser()

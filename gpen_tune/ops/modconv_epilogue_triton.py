@@ -1,6 +1,7 @@
-"""Triton kernels for the two fused passes of the fast generator (channels-last, i.e. NHWC memory).
+"""Triton kernels for the fused passes of the fused generator (channels-last, i.e. NHWC memory).
 
-Twins of `gpen_tune.fast.epilogue.styled_epilogue` / `encoder_epilogue`: same formulas, one read of each input and
+Twins of `gpen_tune.ops.modconv_epilogue.styled_epilogue` / `encoder_epilogue` (same signatures but the FIR as
+[4, 4] taps), plus the ToRGB reduction `to_rgb` (twin: a bmm): same formulas, one read of each input and
 one write of each output, fp32 arithmetic, the 4x4 FIR as 16 shifted loads over a 2-D pixel tile (neighbouring
 taps hit L1). Used on CUDA only; `available()` says whether they can run (CPU tests run them through Triton's
 interpreter, TRITON_INTERPRET=1). Offsets are int64: batch 128 at 1024 px exceeds 2**31 elements.
@@ -13,7 +14,7 @@ import math
 import torch
 
 from gpen_tune.ops.triton_support import (
-    INTERPRET,  # without Triton: the PyTorch twins in epilogue.py
+    INTERPRET,  # without Triton: the PyTorch twins in modconv_epilogue.py
     tl,
     triton,
 )
@@ -88,54 +89,6 @@ if triton is not None:
         g = fv * nw + bf[None, :]
         g = tl.where(g >= 0, g, g * 0.2) * gain * sf[None, :]
         tl.store(out_ptr + out_off[:, None] + C + c[None, :], g.to(out_ptr.dtype.element_ty), mask=m2)
-
-    @triton.jit
-    def _encoder_epilogue_kernel(z_ptr, bias_ptr, f_ptr, fb_ptr, taps_ptr, gain, C, H, W, HB, WB, n_tx,
-                                 BLUR: tl.constexpr, PAD: tl.constexpr, TILE_Y: tl.constexpr,
-                                 TILE_X: tl.constexpr, BLOCK_C: tl.constexpr):
-        # iterates over the blurred output grid (HB x WB >= H x W) when BLUR, else over H x W
-        pid_t = tl.program_id(0)
-        pid_c = tl.program_id(1)
-        b = tl.program_id(2).to(tl.int64)
-        ty = pid_t // n_tx
-        tx = pid_t % n_tx
-        i = tl.arange(0, TILE_Y * TILE_X)
-        py = ty * TILE_Y + i // TILE_X
-        px = tx * TILE_X + i % TILE_X
-        c = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
-        cm = c < C
-        bias = tl.load(bias_ptr + c, mask=cm, other=0.0)
-        fm = (py < H) & (px < W)
-        off = ((b * H + py) * W + px) * C
-        zv = tl.load(z_ptr + off[:, None] + c[None, :], mask=fm[:, None] & cm[None, :], other=0.0).to(tl.float32)
-        a = zv + bias[None, :]
-        a = tl.where(a >= 0, a, a * 0.2) * gain
-        tl.store(f_ptr + off[:, None] + c[None, :], a.to(f_ptr.dtype.element_ty), mask=fm[:, None] & cm[None, :])
-        if BLUR:
-            bm = (py < HB) & (px < WB)
-            acc = tl.zeros([TILE_Y * TILE_X, BLOCK_C], dtype=tl.float32)
-            for u in tl.static_range(4):
-                yy = py + (u - PAD)
-                for v in tl.static_range(4):
-                    xx = px + (v - PAD)
-                    ok = bm & (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
-                    m = ok[:, None] & cm[None, :]
-                    tap = tl.load(taps_ptr + u * 4 + v)
-                    zo = ((b * H + yy) * W + xx) * C
-                    t = tl.load(z_ptr + zo[:, None] + c[None, :], mask=m, other=0.0).to(tl.float32) + bias[None, :]
-                    # round like the stored feature, so fb = blur(f) exactly as the unfused path computes it
-                    t = (tl.where(t >= 0, t, t * 0.2) * gain).to(f_ptr.dtype.element_ty).to(tl.float32)
-                    acc += tap * tl.where(m, t, 0.0)
-            bo = ((b * HB + py) * WB + px) * C
-            tl.store(fb_ptr + bo[:, None] + c[None, :], acc.to(fb_ptr.dtype.element_ty), mask=bm[:, None] & cm[None, :])
-
-
-    # v2 encoder epilogue (iteration 2). v1 above recomputes bias + lrelu + rounding for each of the 16 taps with
-    # int64 [pixels x channels] addresses: ~15 integer/float instructions per tap per output, instruction-bound at
-    # ~6x the memory floor (run2 profile). v2 splits it in two cheap passes: an elementwise pass writes f (one read,
-    # one write, vectorised over channels), then a blur pass reads the stored f (so fb = blur(f) of the rounded
-    # feature exactly like the unfused path) with per-sample int64 base pointers and int32 in-sample offsets:
-    # ~4 instructions per tap (int32 add, mask, load/convert, fma).
 
     @triton.jit
     def _bias_lrelu_kernel(z_ptr, bias_ptr, f_ptr, gain, C, HWC, BLOCK: tl.constexpr):
@@ -222,7 +175,8 @@ def _nhwc(x: torch.Tensor) -> bool:
 def styled_epilogue(y: torch.Tensor, f: torch.Tensor, d: torch.Tensor, b_h: torch.Tensor, s_h: torch.Tensor,
                     b_f: torch.Tensor, s_f: torch.Tensor, nw: float, taps2d: torch.Tensor | None = None,
                     out: torch.Tensor | None = None) -> torch.Tensor:
-    """Triton twin of epilogue.styled_epilogue; y, f channels-last; taps2d: [4, 4] fp32 correlation taps or None.
+    """Triton twin of modconv_epilogue.styled_epilogue; y, f channels-last; taps2d: [4, 4] fp32 correlation taps
+    or None.
 
     Returns [B, 2C, H, W] channels-last in y's dtype (written into `out` when given).
     """
@@ -244,34 +198,14 @@ def styled_epilogue(y: torch.Tensor, f: torch.Tensor, d: torch.Tensor, b_h: torc
     return out
 
 
-def encoder_epilogue(z: torch.Tensor, bias: torch.Tensor, taps2d: torch.Tensor | None = None, version: str = "v2"
+def encoder_epilogue(z: torch.Tensor, bias: torch.Tensor, taps2d: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Triton twin of epilogue.encoder_epilogue: f = sqrt2*lrelu(z+bias) and fb = blur(f, pad 2).
+    """Triton twin of modconv_epilogue.encoder_epilogue: f = sqrt2*lrelu(z+bias) and fb = blur(f, pad 2).
 
-    version "v1": one fused pass (recomputes f per tap); "v2": an elementwise pass, then a blur pass over f.
+    Offsets inside one sample are int32: (H+1) * (W+1) * C must stay below 2**31 (asserted).
     """
     bsz, c, h, w = z.shape
-    assert _nhwc(z), "channels-last z"
-    if version == "v2" and (h + 1) * (w + 1) * c < 2**31:
-        return _encoder_epilogue_v2(z, bias, taps2d)
-    f = torch.empty_like(z, memory_format=torch.channels_last)
-    blur = taps2d is not None
-    hb, wb = (h + 1, w + 1) if blur else (h, w)
-    fb = torch.empty((bsz, c, hb, wb), device=z.device, dtype=z.dtype,
-                     memory_format=torch.channels_last) if blur else None
-    block_c, tile_y, tile_x = _tiles(c)
-    n_tx = triton.cdiv(wb, tile_x)
-    grid = (triton.cdiv(hb, tile_y) * n_tx, triton.cdiv(c, block_c), bsz)
-    _encoder_epilogue_kernel[grid](
-        z, bias.contiguous(), f, fb if blur else f, taps2d if blur else bias, _SQRT2, c, h, w, hb, wb, n_tx,
-        BLUR=blur, PAD=2, TILE_Y=tile_y, TILE_X=tile_x, BLOCK_C=block_c, num_warps=4,
-    )
-    return f, fb
-
-
-def _encoder_epilogue_v2(z: torch.Tensor, bias: torch.Tensor, taps2d: torch.Tensor | None
-                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    bsz, c, h, w = z.shape
+    assert _nhwc(z) and (h + 1) * (w + 1) * c < 2**31, "channels-last z, int32 in-sample offsets"
     f = torch.empty_like(z, memory_format=torch.channels_last)
     hwc = h * w * c
     block = 2048

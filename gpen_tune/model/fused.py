@@ -1,6 +1,9 @@
 """`fuse(model)`: GPEN's forward rebuilt for speed from a loaded FullGenerator (same weights, same function).
 
-What changes against `gpen_tune.model` (each lever is a `FastOptions` field, so a benchmark can attribute gains):
+The --fused switch (gpen_tune.tune.fused) applies it; benchmarks/RESULTS-fast.md has the floors, predictions and
+measurements behind each choice (alternatives measured slower were removed: NCHW layout, the encoder FIR as a
+separate conv or folded into a 6x6 kernel, the up-conv as 4 polyphase convs, a one-pass encoder epilogue).
+What changes against the plain model:
 * Every style-independent weight transform is done once here: equalised-LR scales folded, conv weights in the
   compute dtype (transposed for the up-convs), per (cout, cin) sums of squares for demodulation in fp32, all
   modulation linears stacked into one matrix (one GEMM gives every layer's style), FIR taps as constants.
@@ -11,91 +14,49 @@ What changes against `gpen_tune.model` (each lever is a `FastOptions` field, so 
   into it (6x6 kernel = 4 polyphase 3x3 convs) would cost 4x its MACs.
 * ToRGB: a per-sample [2C -> 3] matmul on the buffer with the RGB style folded into the weights (and the next
   conv's style divided out), accumulated in fp32; no scaled copy of the activation.
-* Encoder: conv -> ONE pass writing the feature (bias + lrelu + gain) and the next layer's blurred input.
-  `enc_blur="fold"` instead folds the blur into a 6x6 stride-2 kernel (4x the encoder's MACs: for measurement).
+* Encoder: conv -> the feature (bias + lrelu + gain) and the next layer's blurred input (two Triton passes).
 * channels-last end to end; encoder features are dropped right after their last use.
 * Capture-safe: no host syncs, no data-dependent shapes, no tensors created from Python data in `forward`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpen_tune.fast import epilogue as E
-from gpen_tune.fast import triton_kernels as T
 from gpen_tune.model.gpen import FullGenerator
 from gpen_tune.model.layers import Blur, EqualConv2d, FusedLeakyReLU
+from gpen_tune.ops import modconv_epilogue as E
+from gpen_tune.ops import modconv_epilogue_triton as T
 
-EPILOGUES = ("auto", "torch", "triton")
-BLUR_IMPLS = ("slices", "conv")
-ENC_BLURS = ("fused", "conv", "fold")
-UP_CONVS = ("transposed", "phases")
-KERNELS = ("v2", "v1")
-
-
-@dataclass(frozen=True)
-class FastOptions:
-    """The levers of the fast path; defaults are the predicted-fastest choice."""
-
-    channels_last: bool = True     # NHWC activations and weights (cuDNN's native tensor-core layout)
-    epilogue: str = "auto"         # "triton" (CUDA), "torch" (any device; Inductor-fusable), "auto": triton if it can
-    up_blur: str = "slices"        # torch epilogue only: FIR after the transposed conv as slices or depthwise conv
-    enc_blur: str = "fused"        # encoder FIR: "fused" into the epilogue, "conv" depthwise pass, "fold" 6x6 kernel
-    up_conv: str = "transposed"    # "transposed": cuDNN's stride-2 transposed conv (dgrad kernels); "phases": its
-    #                                4 polyphase convs (2x2, 2x1, 1x2, 1x1: same MACs, fprop kernels) interleaved
-    kernels: str = "v2"            # Triton: "v2" encoder epilogue as elementwise + blur passes and ToRGB as a Triton
-    #                                reduction; "v1" the first run's fused encoder pass and cuBLAS bmm ToRGB
-    compile: bool = False          # torch.compile the forward (torch epilogue only; Inductor fuses the passes)
-    release_features: bool = True  # drop each encoder feature after its last use (eager peak memory)
-
-    def __post_init__(self) -> None:
-        for name, allowed in (("epilogue", EPILOGUES), ("up_blur", BLUR_IMPLS), ("enc_blur", ENC_BLURS),
-                              ("up_conv", UP_CONVS), ("kernels", KERNELS)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"FastOptions.{name}={getattr(self, name)!r}; choose one of {allowed}")
+IMPLS = ("auto", "torch", "triton")
 
 
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def _cl(t: torch.Tensor, channels_last: bool) -> torch.Tensor:
-    return t.contiguous(memory_format=torch.channels_last) if channels_last and t.dim() == 4 else t.contiguous()
-
-
-def _fold_blur(weight: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-    """3x3 stride-2 conv after a 4x4 FIR (pad 2) == 6x6 stride-2 conv on the input padded by 2."""
-    kf = kernel.double().flip(0, 1)
-    w6 = weight.new_zeros(*weight.shape[:2], 6, 6, dtype=torch.float64)
-    for u in range(3):
-        for v in range(3):
-            w6[:, :, u:u + 4, v:v + 4] += weight[:, :, u, v, None, None].double() * kf
-    return w6.float()
+def _cl(t: torch.Tensor) -> torch.Tensor:
+    """Channels-last (NHWC memory, cuDNN's tensor-core layout) for 4-D tensors, contiguous otherwise."""
+    return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t.contiguous()
 
 
 class _EncoderLayer(nn.Module):
-    def __init__(self, layer: nn.Sequential, dtype: torch.dtype, opts: FastOptions):
+    def __init__(self, layer: nn.Sequential, dtype: torch.dtype):
         super().__init__()
         conv = next(m for m in layer if isinstance(m, EqualConv2d))
         act = next(m for m in layer if isinstance(m, FusedLeakyReLU))
-        blur = next((m for m in layer if isinstance(m, Blur)), None)
         w = conv.weight.detach().float() * conv.scale
-        self.downsample = blur is not None
-        self.fold = self.downsample and opts.enc_blur == "fold"
-        if self.fold:
-            w = _fold_blur(w, blur.kernel.detach().float())
+        self.downsample = any(isinstance(m, Blur) for m in layer)
         self.padding = conv.padding
-        self.register_buffer("weight", _cl(w.to(dtype), opts.channels_last), persistent=False)
+        self.register_buffer("weight", _cl(w.to(dtype)), persistent=False)
         self.register_buffer("bias", act.bias.detach().float().clone(), persistent=False)
 
 
 class _StyledLayer(nn.Module):
     """One StyledConv: conv weight (dtype), demodulation sums (fp32), activation biases, noise scalar."""
 
-    def __init__(self, sc: nn.Module, dtype: torch.dtype, opts: FastOptions):
+    def __init__(self, sc: nn.Module, dtype: torch.dtype):
         super().__init__()
         conv = sc.conv
         w = conv.weight.detach()[0].float() * conv.scale                       # [cout, cin, k, k]
@@ -103,16 +64,8 @@ class _StyledLayer(nn.Module):
         self.cout, self.cin = w.shape[0], w.shape[1]
         self.padding = conv.padding
         cw = w.transpose(0, 1) if self.upsample else w                         # conv_transpose2d wants [cin, cout]
-        self.register_buffer("weight", _cl(cw.to(dtype), opts.channels_last), persistent=False)
+        self.register_buffer("weight", _cl(cw.to(dtype)), persistent=False)
         self.register_buffer("wsq", w.square().sum(dim=(2, 3)).t().contiguous(), persistent=False)  # [cin, cout]
-        self.phases = self.upsample and opts.up_conv == "phases"
-        if self.phases:
-            # transposed conv, stride 2, k=3: out[2m] = x[m] w[0] + x[m-1] w[2], out[2m+1] = x[m] w[1] per axis,
-            # i.e. correlation taps [w2, w0] (pad 1) for even outputs and [w1] for odd ones
-            ev, od = [2, 0], [1]
-            for name, rows, cols in (("w_ee", ev, ev), ("w_eo", ev, od), ("w_oe", od, ev), ("w_oo", od, od)):
-                pw = w[:, :, rows][:, :, :, cols]
-                self.register_buffer(name, _cl(pw.to(dtype), opts.channels_last), persistent=False)
         bias = sc.activate.bias.detach().float()
         self.register_buffer("b_h", bias[: self.cout].clone(), persistent=False)
         self.register_buffer("b_f", bias[self.cout:].clone(), persistent=False)
@@ -139,14 +92,16 @@ class _ToRGB(nn.Module):
 class FusedGenerator(nn.Module):
     """GPEN forward with fused passes; built by `fuse`. forward: [B,3,S,S] in [-1,1] -> [B,3,S,S] fp32."""
 
-    def __init__(self, model: FullGenerator, dtype: torch.dtype, opts: FastOptions):
+    def __init__(self, model: FullGenerator, dtype: torch.dtype, impl: str = "auto"):
         super().__init__()
-        self.opts = opts
+        if impl not in IMPLS:
+            raise ValueError(f"impl={impl!r}; choose one of {IMPLS}")
+        self.impl = impl
         self.dtype = dtype
         self.size = model.size
         g = model.generator
         # --- encoder and style path (fp32)
-        self.encoder = nn.ModuleList(_EncoderLayer(ecd[0], dtype, opts) for ecd in model.encoder)
+        self.encoder = nn.ModuleList(_EncoderLayer(ecd[0], dtype) for ecd in model.encoder)
         enc_kernel = next(m for m in model.encoder[1][0] if isinstance(m, Blur)).kernel
         self.enc_taps = E.separable_taps(enc_kernel)
         t2 = torch.tensor(self.enc_taps[0], dtype=torch.float64)[:, None] * torch.tensor(self.enc_taps[1],
@@ -163,7 +118,7 @@ class FusedGenerator(nn.Module):
         # --- decoder
         styled = [g.conv1, *g.convs]
         rgbs = [g.to_rgb1, *g.to_rgbs]
-        self.layers = nn.ModuleList(_StyledLayer(sc, dtype, opts) for sc in styled)
+        self.layers = nn.ModuleList(_StyledLayer(sc, dtype) for sc in styled)
         self.rgbs = nn.ModuleList(_ToRGB(t) for t in rgbs)
         mods = [sc.conv.modulation for sc in styled] + [t.conv.modulation for t in rgbs]
         self.register_buffer("mod_w", torch.cat([m.weight.detach().float() * m.scale for m in mods]).contiguous(),
@@ -178,44 +133,35 @@ class FusedGenerator(nn.Module):
     # -------------------------------------------------------------------------------------------------------
 
     def _triton(self, device: torch.device) -> bool:
-        mode = self.opts.epilogue
-        if mode == "torch":
+        if self.impl == "torch":
             return False
-        ok = T.available(device) and self.opts.channels_last
-        if mode == "triton" and not ok:
-            raise RuntimeError("epilogue='triton' needs Triton, a CUDA device and channels_last=True")
+        ok = T.available(device)
+        if self.impl == "triton" and not ok:
+            raise RuntimeError("impl='triton' needs Triton and a CUDA device of compute capability 8.0+")
         return ok
 
     def _encode(self, x: torch.Tensor, use_triton: bool) -> list[torch.Tensor]:
-        cl = self.opts.channels_last
         feats: list[torch.Tensor] = []
         h = x
         n = len(self.encoder)
         for i, layer in enumerate(self.encoder):
-            if layer.fold:
-                z = F.conv2d(F.pad(h, [2, 2, 2, 2]), layer.weight, stride=2)
-            elif layer.downsample:
+            if layer.downsample:
                 z = F.conv2d(h, layer.weight, stride=2)                  # h is already blurred and padded
             else:
                 z = F.conv2d(h, layer.weight, padding=layer.padding)
-            z = _cl(z, cl)
-            nxt = self.encoder[i + 1] if i + 1 < n else None
-            want_blur = nxt is not None and nxt.downsample and not nxt.fold
-            fused_blur = want_blur and self.opts.enc_blur == "fused"
+            z = _cl(z)
+            want_blur = i + 1 < n and self.encoder[i + 1].downsample
             if use_triton:
-                f, fb = T.encoder_epilogue(z, layer.bias, self.enc_taps2d if fused_blur else None,
-                                           version=self.opts.kernels)
+                f, fb = T.encoder_epilogue(z, layer.bias, self.enc_taps2d if want_blur else None)
             else:
-                f, fb = E.encoder_epilogue(z, layer.bias, self.enc_taps if fused_blur else None)
+                f, fb = E.encoder_epilogue(z, layer.bias, self.enc_taps if want_blur else None)
             del z
-            if want_blur and fb is None:
-                fb = _cl(E.blur(f, self.enc_taps, pad=2, impl="conv"), cl)
             feats.append(f)
             h = fb if want_blur else f
         return feats
 
     def extra_repr(self) -> str:
-        return f"size={self.size}, dtype={self.dtype}, {self.opts}"
+        return f"size={self.size}, dtype={self.dtype}, impl={self.impl}"
 
     def _apply(self, fn, *args, **kwargs):
         self._use_triton = None  # .to(device) may change which epilogue can run
@@ -242,7 +188,7 @@ class FusedGenerator(nn.Module):
         wt = wt.clamp(-big, big).to(buf.dtype)
         if buf.is_contiguous(memory_format=torch.channels_last):
             a = buf.permute(0, 2, 3, 1).reshape(bsz, h * w, c2)
-            gemv = self._use_triton and self.opts.kernels == "v2" and h * w * c2 < 2**31
+            gemv = self._use_triton and h * w * c2 < 2**31
             out = (T.to_rgb(a, wt) if gemv else _bmm_f32(a, wt)).view(bsz, h, w, 3).permute(0, 3, 1, 2)
         else:
             out = _bmm_f32(wt.transpose(1, 2), buf.reshape(bsz, c2, h * w)).view(bsz, 3, h, w)
@@ -255,8 +201,7 @@ class FusedGenerator(nn.Module):
         use_triton = self._use_triton
         if use_triton is None:
             use_triton = self._use_triton = self._triton(x.device)
-        cl = self.opts.channels_last
-        x = _cl(x.to(self.dtype), cl)
+        x = _cl(x.to(self.dtype))
         feats = self._encode(x, use_triton)
         del x
         styles = self._styles(feats[-1])                                   # [B, sum of cin], fp32
@@ -270,19 +215,17 @@ class FusedGenerator(nn.Module):
         s_conv, s_rgb = s_all[:n_conv], s_all[n_conv:]
         dt = self.dtype
 
-        buf = _cl((self.const * s_conv[0][:, :, None, None]).to(dt), cl)     # conv1's modulated input
+        buf = _cl((self.const * s_conv[0][:, :, None, None]).to(dt))         # conv1's modulated input
         skip = None
         feat_idx = len(feats) - 1
         for k, layer in enumerate(self.layers):
             # layer k: conv1 (k=0) at 4 px, then pairs (up-conv, conv) per resolution
             f = feats[feat_idx]
-            if layer.phases:
-                y = _phase_upconv(buf, layer, cl)
-            elif layer.upsample:
+            if layer.upsample:
                 y = F.conv_transpose2d(buf, layer.weight, stride=2)
             else:
                 y = F.conv2d(buf, layer.weight, padding=layer.padding)
-            y = _cl(y, cl)
+            y = _cl(y)
             del buf
             d = self._demod(sq_all[k], layer)                                # [B, cout] fp32 demodulation
             last_of_level = k == 0 or not layer.upsample
@@ -294,65 +237,40 @@ class FusedGenerator(nn.Module):
                 buf = T.styled_epilogue(y, f, d, layer.b_h, s_h, layer.b_f, s_f, layer.nw,
                                         layer.taps2d if layer.upsample else None)
             else:
-                buf = E.styled_epilogue(y, f, d, layer.b_h, s_h, layer.b_f, s_f, layer.nw,
-                                        layer.taps, blur_impl=self.opts.up_blur)
+                buf = E.styled_epilogue(y, f, d, layer.b_h, s_h, layer.b_f, s_f, layer.nw, layer.taps)
             del y, f
             if last_of_level:
                 skip = self._to_rgb(buf, self.rgbs[rgb_idx], s_rgb[rgb_idx], s_next, skip)
-                if self.opts.release_features:
-                    feats[feat_idx] = None                                    # last use: the allocator reuses it
+                feats[feat_idx] = None                                        # last use: the allocator reuses it
                 feat_idx -= 1
         return skip.contiguous()
 
 
-def _phase_upconv(x: torch.Tensor, layer: _StyledLayer, channels_last: bool) -> torch.Tensor:
-    """conv_transpose2d(x, W, stride=2) as 4 stride-1 convs written into the even/odd rows/cols of the output."""
-    bsz, _, h, w = x.shape
-    y = torch.empty((bsz, layer.cout, 2 * h + 1, 2 * w + 1), device=x.device, dtype=x.dtype,
-                    memory_format=torch.channels_last if channels_last else torch.contiguous_format)
-    y[:, :, 0::2, 0::2] = F.conv2d(x, layer.w_ee, padding=1)
-    y[:, :, 0::2, 1::2] = F.conv2d(x, layer.w_eo, padding=(1, 0))
-    y[:, :, 1::2, 0::2] = F.conv2d(x, layer.w_oe, padding=(0, 1))
-    y[:, :, 1::2, 1::2] = F.conv2d(x, layer.w_oo)
-    return y
-
-
-_BMM_OUT_DTYPE = [True]  # cleared once if this torch has no fp32-output bmm for half inputs
+# torch builds with the fp32-output batched GEMM for half inputs (aten::bmm.dtype, CUDA only)
+BMM_HAS_OUT_DTYPE = hasattr(torch.ops.aten.bmm, "dtype")
 
 
 def _bmm_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b with fp32 output; half inputs on CUDA use the fp32-output GEMM (no upcast copy of a)."""
-    if _BMM_OUT_DTYPE[0] and a.dtype in (torch.float16, torch.bfloat16) and a.is_cuda:
-        try:
-            return torch.bmm(a, b, out_dtype=torch.float32)
-        except (TypeError, RuntimeError, NotImplementedError):
-            _BMM_OUT_DTYPE[0] = False
+    if BMM_HAS_OUT_DTYPE and a.dtype in (torch.float16, torch.bfloat16) and a.is_cuda:
+        return torch.bmm(a, b, out_dtype=torch.float32)
     return torch.bmm(a, b).float()
 
 
-def fuse(model: FullGenerator, dtype: torch.dtype | None = None, options: FastOptions | None = None,
-         **variant_flags) -> nn.Module:
+def fuse(model: FullGenerator, dtype: torch.dtype | None = None, impl: str = "auto") -> FusedGenerator:
     """A fast module with FullGenerator's forward contract, built from a loaded FullGenerator (same weights).
 
     Args:
         model: a loaded FullGenerator (any device; fp32 weights preferred: bf16 weights lose precision already).
         dtype: compute dtype of convs and activations; None = the model's own (fp32 unless it was cast).
-        options / variant_flags: FastOptions, or its fields as keywords (e.g. `epilogue="torch", compile=True`).
+        impl: the fused passes as "triton" kernels (CUDA, compute capability 8.0+), their "torch" twins (any
+            device; what the CPU runs), or "auto": Triton where it can run. A benchmark measures the twins by name.
     Returns:
-        An eval-mode module on the model's device; `.opts` holds the options. With compile=True the returned
-        object is the torch.compile wrapper of that module.
+        An eval-mode module on the model's device.
     """
-    opts = replace(options or FastOptions(), **variant_flags)
     dtype = dtype or model.compute_dtype
-    if opts.compile and opts.epilogue == "triton":
-        raise ValueError("compile=True uses the torch epilogue (Inductor generates its kernels); "
-                         "set epilogue='torch' or 'auto'")
-    if opts.compile:
-        opts = replace(opts, epilogue="torch")
     device = next(model.parameters()).device
     with torch.no_grad():
-        fused = FusedGenerator(model, dtype, opts).to(device).eval()
+        fused = FusedGenerator(model, dtype, impl).to(device).eval()
     fused.requires_grad_(False)
-    if opts.compile:
-        return torch.compile(fused)
     return fused

@@ -1,8 +1,8 @@
-"""The fused elementwise passes of the fast generator, in plain PyTorch (CPU path, reference, torch.compile path).
+"""The fused elementwise passes of the fused generator (gpen_tune.model.fused), in plain PyTorch: the CPU path
+and the twin of the Triton kernels in `gpen_tune.ops.modconv_epilogue_triton` (same signatures, tested against).
 
-Each function computes in one expression what the plain model does in several passes, so that Inductor can emit
-it as one kernel and the Triton kernels in `gpen_tune.fast.triton_kernels` have an exact twin to be tested
-against. Shapes are NCHW logically; the memory format of the inputs is kept.
+Each function computes in one expression what the plain model does in several passes. Shapes are NCHW
+logically; the memory format of the inputs is kept.
 
 Styled-conv epilogue (decoder), for a conv output y with C channels and the encoder feature f (C channels):
     out[:, :C] = lrelu(blur(y) * d + b_h) * sqrt2 * s_h      (d: demodulation [B, C], s_h: next layer's style)
@@ -48,24 +48,12 @@ def separable_taps(kernel: torch.Tensor) -> tuple[list[float], list[float]]:
     return [float(v) for v in rows], [float(v) for v in cols]
 
 
-def blur(x: torch.Tensor, taps: tuple[list[float], list[float]], pad: int, impl: str = "slices") -> torch.Tensor:
-    """Depthwise 4x4 FIR with `pad` zeros on every side: H -> H + 2*pad - 3.
-
-    impl "slices": 4 + 4 shifted slices with constant taps (Inductor fuses it with the surrounding pointwise ops);
-    impl "conv": one depthwise conv2d (what upfirdn2d does).
-    """
+def blur(x: torch.Tensor, taps: tuple[list[float], list[float]], pad: int) -> torch.Tensor:
+    """Depthwise 4x4 FIR with `pad` zeros on every side: H -> H + 2*pad - 3, as 4 + 4 shifted slices with constant
+    taps (separable)."""
     rows, cols = taps
     xp = F.pad(x, [pad, pad, pad, pad])
     ho, wo = xp.shape[2] - 3, xp.shape[3] - 3
-    if impl == "conv":
-        c = x.shape[1]
-        k2 = torch.tensor(rows, dtype=torch.float64)[:, None] * torch.tensor(cols, dtype=torch.float64)[None, :]
-        weight = k2.to(device=x.device, dtype=x.dtype).expand(c, 1, 4, 4)
-        if x.is_contiguous(memory_format=torch.channels_last):
-            weight = weight.contiguous(memory_format=torch.channels_last)
-        return F.conv2d(xp, weight, groups=c)
-    if impl != "slices":
-        raise ValueError(f"unknown blur impl {impl!r}; use 'slices' or 'conv'")
     t = sum(rows[i] * xp[:, :, i:i + ho, :] for i in range(4))
     return sum(cols[j] * t[:, :, :, j:j + wo] for j in range(4))
 
@@ -82,12 +70,12 @@ def _bc(v: torch.Tensor) -> torch.Tensor:
 
 def styled_epilogue(y: torch.Tensor, f: torch.Tensor, d: torch.Tensor, b_h: torch.Tensor, s_h: torch.Tensor,
                     b_f: torch.Tensor, s_f: torch.Tensor, nw: float,
-                    taps: tuple[list[float], list[float]] | None = None, blur_impl: str = "slices") -> torch.Tensor:
+                    taps: tuple[list[float], list[float]] | None = None) -> torch.Tensor:
     """The decoder's fused pass (module docstring). taps given: y is the transposed-conv output (2H+1), blurred
     with pad 1 to 2H first. Vectors are fp32; the result has y's dtype and memory format."""
     dt = y.dtype
     if taps is not None:
-        y = blur(y, taps, pad=1, impl=blur_impl)
+        y = blur(y, taps, pad=1)
     h = lrelu_gain(y * _bc(d).to(dt) + _bc(b_h).to(dt)) * _bc(s_h).to(dt)
     g = lrelu_gain(f.to(dt) * nw + _bc(b_f).to(dt)) * _bc(s_f).to(dt)
     out = torch.cat([h, g], dim=1)
@@ -96,9 +84,9 @@ def styled_epilogue(y: torch.Tensor, f: torch.Tensor, d: torch.Tensor, b_h: torc
     return out
 
 
-def encoder_epilogue(z: torch.Tensor, bias: torch.Tensor, taps: tuple[list[float], list[float]] | None = None,
-                     blur_impl: str = "slices") -> tuple[torch.Tensor, torch.Tensor | None]:
+def encoder_epilogue(z: torch.Tensor, bias: torch.Tensor, taps: tuple[list[float], list[float]] | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """f = sqrt2 * lrelu(z + bias) (the encoder feature) and, with taps, the next layer's input blur(f, pad 2)."""
     f = lrelu_gain(z + _bc(bias).to(z.dtype))
-    fb = blur(f, taps, pad=2, impl=blur_impl) if taps is not None else None
+    fb = blur(f, taps, pad=2) if taps is not None else None
     return f, fb

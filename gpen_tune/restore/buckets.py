@@ -1,0 +1,49 @@
+"""Batch sizes: the one bucket table, the default batch size, and how many pending faces to launch.
+
+Batches are bucket sizes (1, 2, 4, ... 64) so a CUDA-graph forward replays a captured graph without padding; a
+leftover of 29 faces runs as 16 + 8 + 4 + 1. A forward that pads every batch to one shape (torch.compile: one
+compile per shape) instead takes up to the limit at once.
+"""
+
+from __future__ import annotations
+
+BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+
+
+def default_batch_size(device) -> int:
+    """Faces per generator call unless the user says otherwise: 32 on CUDA (a bucket; GPEN-512 bs32 fits a few GiB
+    in half precision and the restorer splits on OOM), 8 elsewhere (bigger CPU batches gain nothing)."""
+    kind = getattr(device, "type", None) or str(device)
+    return 32 if kind.startswith("cuda") else 8
+
+
+def bucket_floor(n: int, limit: int = BUCKETS[-1]) -> int:
+    """Largest bucket <= min(n, limit); 0 when n == 0."""
+    if n <= 0:
+        return 0
+    cap = min(n, max(1, limit))
+    return max(b for b in BUCKETS if b <= cap)
+
+
+def bucket_ceil(n: int) -> int:
+    """Smallest bucket >= n; n above the largest bucket is an error (the caller splits first)."""
+    for b in BUCKETS:
+        if b >= n:
+            return b
+    raise ValueError(f"batch {n} is above the largest bucket {BUCKETS[-1]}")
+
+
+def split_sizes(n: int, limit: int = BUCKETS[-1]) -> list[int]:
+    """How n faces are cut into bucket-sized batches no larger than `limit`, largest first."""
+    sizes = []
+    while n > 0:
+        b = bucket_floor(n, limit)
+        sizes.append(b)
+        n -= b
+    return sizes
+
+
+def take(n: int, limit: int, one_shape: bool = False) -> int:
+    """How many of n pending faces to launch now: a bucket size <= limit, or up to `limit` for a forward that pads
+    every batch to one shape (the padding costs less than a compile per bucket)."""
+    return min(n, limit) if one_shape else bucket_floor(n, limit)
