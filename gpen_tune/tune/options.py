@@ -49,7 +49,7 @@ class TuneConfig:
              "inference (under no_grad no activations are kept for a backward pass).",
         tolerance="same output up to float rounding (<= 1e-5 in fp32)")
     face_crop: bool = _switch(
-        False, flag="--face-crop",
+        True, flag="--face-crop",
         help="Never process a large image whole: detect on a downscaled copy, cut the face regions, restore and "
              "paste back only those. Off = upstream-like full-frame processing (kept for comparison).",
         tolerance="same faces; pixels outside the face regions are untouched",
