@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpen_tune.face.detect import default_notify, init_detector
+from gpen_tune.face.detect import BatchingDetector, default_notify, init_detector, serve
 from gpen_tune.imageio import ImageReadError, Picture
 from gpen_tune.pipeline.job import ImageJob
 from gpen_tune.pipeline.outputs import OutputNaming, check_output_dir, collect_inputs, is_video, plan_outputs
@@ -77,8 +77,8 @@ class Pipeline:
     # -- parts built on first use ------------------------------------------------------------------------------
     def detector(self, service: str = "inline") -> Any:
         """The face detector for a run mode: "inline" (serial), "thread" or "process" (threaded runs)."""
-        if self._given_detector is not None:
-            return self._given_detector
+        if service not in self._detectors and self._given_detector is not None:
+            self._detectors[service] = serve(self._given_detector, service)
         if service not in self._detectors:
             s = self.settings
             self._detectors[service] = init_detector(
@@ -150,9 +150,15 @@ class Pipeline:
         return sink.results[0]
 
     def close(self) -> None:
-        for part in (*self._detectors.values(), self._parser):
-            if part is not None and hasattr(part, "close"):
-                part.close()
+        for det in self._detectors.values():
+            if det is self._given_detector:
+                continue                                     # the caller's: the caller closes it
+            if self._given_detector is not None and isinstance(det, BatchingDetector):
+                det.close(inner=False)
+            else:
+                det.close()
+        if self._parser is not None:
+            self._parser.close()
         self._detectors.clear()
         self._parser = None
 

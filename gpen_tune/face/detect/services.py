@@ -184,7 +184,8 @@ class BatchingDetector:
         with torch.cuda.stream(self._stream):
             return self._inner.detect(images)
 
-    def close(self) -> None:
+    def close(self, inner: bool = True) -> None:
+        """Stop the serving thread; `inner=False` leaves the wrapped detector open (its owner closes it)."""
         with self._lock:
             self._closed = True
             thread = self._thread
@@ -193,7 +194,7 @@ class BatchingDetector:
         if thread is not None:
             thread.join()
         close = getattr(self._inner, "close", None)
-        if callable(close):
+        if inner and callable(close):
             close()
 
     def __getattr__(self, name: str) -> Any:
