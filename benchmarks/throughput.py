@@ -5,12 +5,12 @@ Builds a folder of real photos from the bundled test images (scikit-image's astr
   crop      one tile of a mosaic (1 face, ~550 px)
   upscale   a photo or a mosaic upscaled x2..x3 (1 or 6 faces, 1280..3300 px: exercises the paste on big frames)
   mosaic    4, 6, 9, 12 or 16 faces at different scales and rotations on one canvas (1100..2200 px)
-and repeats them (file copies) up to --images. Then, for the serial path (`enhance_paths`, what `enhance --serial`
-runs) and for the pipeline (`gpen_tune.throughput`), it measures wall time, images/s, faces/s, the GPU busy
+and repeats them (file copies) up to --images. Then, for the serial path (what `enhance --serial` runs) and for
+the threaded scheduler (`gpen_tune.pipeline`), it measures wall time, images/s, faces/s, the GPU busy
 fraction (sum of CUDA-event-timed generator calls / wall; also NVML utilisation when pynvml is there), peak GPU
 memory (allocated and reserved), peak host RSS, and the pipeline's per-stage timings, and compares the outputs.
 
-    # GPU (the lead's run; ~3-5 minutes on an H200 including compile warm-up):
+    # GPU (~3-5 minutes on an H200 including compile warm-up):
     python benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 480 --batch 32 --out benchmarks/results
     # CPU, tiny (tests and a smoke check here):
     python benchmarks/throughput.py --tiny --out /tmp/tp
@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import cv2
@@ -41,12 +42,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpen_tune.face import samples  # noqa: E402
-from gpen_tune.face.pipeline import Enhancer, EnhanceSettings  # noqa: E402
+from gpen_tune.face.detect import init_detector  # noqa: E402
 from gpen_tune.load import load_model  # noqa: E402
+from gpen_tune.pipeline.api import Pipeline  # noqa: E402
+from gpen_tune.pipeline.outputs import OutputNaming  # noqa: E402
+from gpen_tune.pipeline.scheduler import SchedulerConfig  # noqa: E402
+from gpen_tune.pipeline.settings import EnhanceSettings  # noqa: E402
+from gpen_tune.pipeline.sinks import FileSink  # noqa: E402
+from gpen_tune.pipeline.sources import FileSource  # noqa: E402
 from gpen_tune.restore.restorer import Restorer, build_restorer  # noqa: E402
-from gpen_tune.throughput import enhance_folder  # noqa: E402
 
-TARGETS = {"faces_per_s": 300.0, "speedup_vs_serial": 3.0, "gpu_busy": 0.80}
+TARGETS = {"faces_per_s": 1000.0, "speedup_vs_serial": 3.0, "gpu_busy": 0.90}
 
 
 # ---------------------------------------------------------------------------------------------------- inputs
@@ -298,56 +304,10 @@ def image_timings(summary) -> dict:
     """Seconds per step summed over the run's images (each image's job timings: decode, detect (its share of the
     detector call, waiting included), align (crops cut), restore (share of the batch), paste, encode ...)."""
     total: dict[str, float] = {}
-    for r in summary.results:
-        job = getattr(r.job, "job", r.job)          # the runner's item wraps the pipeline's ImageJob
-        for k, v in (getattr(job, "timings", None) or {}).items():
+    for job in summary.results:
+        for k, v in job.timings.items():
             total[k] = total.get(k, 0.0) + v
     return {k: round(v, 3) for k, v in sorted(total.items())}
-
-
-class DetectorPhases:
-    """--detector-phases: wall seconds of the batched MTCNN driver's phases, summed over calls (diagnostics; the
-    P-Net phase gets a stream sync at its end so its GPU time is not billed to the candidates phase)."""
-
-    def __init__(self) -> None:
-        from gpen_tune.face import mtcnn_batched as mb
-
-        self.seconds: dict[str, float] = {}
-        self.calls: dict[str, int] = {}
-        for owner, name, key, sync in ((mb.FixedCanvasPNet, "__call__", "pnet_fill_upload_replay", True),
-                                       (mb.FixedCanvasPNet, "_host_canvas", "pnet_wait_previous_upload", False),
-                                       (mb.FixedCanvasPNet, "_planes", "pnet_planes", False),
-                                       (mb._Driver, "_candidates", "pnet_candidates_nms", False),
-                                       (mb._Driver, "_stage2", "rnet", False), (mb._Driver, "_stage3", "onet", False),
-                                       (mb._Driver, "_finish", "download_final_nms", False)):
-            self._wrap(owner, name, key, sync)
-
-    def _wrap(self, owner, name: str, key: str, sync: bool) -> None:
-        fn = getattr(owner, name)
-
-        def timed(*a, **kw):
-            t0 = time.perf_counter()
-            out = fn(*a, **kw)
-            if sync and torch.cuda.is_available():
-                t1 = time.perf_counter()
-                torch.cuda.current_stream().synchronize()
-                self._add(key + "_gpu_wait", time.perf_counter() - t1)
-                self._add(key, t1 - t0)
-            else:
-                self._add(key, time.perf_counter() - t0)
-            return out
-
-        setattr(owner, name, timed)
-
-    def _add(self, key: str, dt: float) -> None:
-        self.seconds[key] = self.seconds.get(key, 0.0) + dt
-        self.calls[key] = self.calls.get(key, 0) + 1
-
-    def reset(self) -> None:
-        self.seconds, self.calls = {}, {}
-
-    def report(self) -> dict:
-        return {k: {"s": round(v, 3), "calls": self.calls[k]} for k, v in self.seconds.items()}
 
 
 def limiting_stage(res: dict) -> dict:
@@ -455,43 +415,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ext", default=None, choices=("png", "jpg"),
                     help="output format (default: as the input, JPEG): png compares serial and pipeline outputs "
                          "without JPEG's re-quantisation, which turns a one-level pixel difference into several")
-    ap.add_argument("--ab-caller-shrink", action="store_true",
-                    help="also run the pipeline with the previous detector thread (it shrinks every image itself, "
-                         "on the default CUDA stream): A/B in the same run")
     ap.add_argument("--ab-detector-process", action="store_true",
-                    help="also run the pipeline with the detector in a process of its own (own GIL, own CUDA "
-                         "context; pixels through shared memory): A/B in the same run")
-    ap.add_argument("--ab-process-repeat", action="store_true",
-                    help="with --ab-detector-process: A/B/A/B (thread, process, thread, process) in the same run")
-    ap.add_argument("--no-warm-run", dest="warm_run", action="store_false",
-                    help="with an --ab-* flag: skip the untimed full pipeline run before the timed A/B/A runs")
-    ap.add_argument("--ab-switch-interval", type=float, default=None, metavar="SECONDS",
-                    help="also run the pipeline with the GIL switch interval SECONDS during the run (the runner's "
-                         "default is 0.0002; Python's own is 0.005: a thread that wants the GIL waits up to that long "
-                         "for a thread running Python code), then the default again: A/B/A in the same run")
-    ap.add_argument("--ab-mtcnn-before", type=Path, default=None, metavar="FILE",
-                    help="also run the pipeline with an earlier mtcnn_batched.py as the detector's driver, then "
-                         "this checkout's again: A/B/A in the same run")
-    ap.add_argument("--ab-pnet-graphs", action="store_true",
-                    help="A/B/A in the same run: the detector's P-Net eager instead of from CUDA graphs")
+                    help="A/B/A in the same run: the detector in a process of its own (own GIL, own CUDA context)")
     ap.add_argument("--ab-paste-torch", action="store_true",
-                    help="A/B/A in the same run: the GPU paste in PyTorch calls instead of one Triton kernel")
+                    help="A/B/A in the same run: the device paste and crop through their PyTorch twins, not Triton")
+    ap.add_argument("--ab-cut-on-cpu", action="store_true",
+                    help="A/B/A in the same run: every face cut on the CPU and uploaded by the GPU stage")
     ap.add_argument("--ab-paste", default=None, choices=("auto", "cpu", "gpu"),
                     help="A/B/A in the same run: the pipeline with this --paste instead")
-    ap.add_argument("--ab-nms-torchvision", action="store_true",
-                    help="A/B/A in the same run: the detector's NMS through torchvision's nms vs the per-group kernel")
-    ap.add_argument("--detector-phases", action="store_true",
-                    help="diagnostics: time the MTCNN driver's phases during the pipeline run (adds one stream sync "
-                         "per detector call)")
-    ap.add_argument("--ab-cut-on-cpu", action="store_true",
-                    help="A/B/A in the same run: every face cut on the CPU and uploaded by the GPU stage, instead of "
-                         "cut on the GPU from the image the paste uploads anyway")
-    ap.add_argument("--ab-area-torch", action="store_true",
-                    help="A/B/A in the same run: the detector's area resize in PyTorch calls instead of one Triton "
-                         "kernel (P-Net graphs re-captured before each timed run)")
-    ap.add_argument("--ab-detector-batch", type=int, default=None, metavar="N",
-                    help="A/B/A in the same run: up to N images per detector call and N prepare threads (P-Net "
-                         "graphs captured up to N before the timed run)")
+    ap.add_argument("--no-warm-run", dest="warm_run", action="store_false",
+                    help="with an --ab-* flag: skip the untimed full pipeline run before the timed A/B/A runs")
     ap.add_argument("--workdir", type=Path, default=None, help="where the folders go (default: a temp dir)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -517,223 +450,80 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.backends.cudnn.benchmark = False
     model = load_model(args.weights, model=args.model, device=device)
-    restore, tune_info = build_restore(model, args.preset, device, batch)
-    effective = tune_info.get("effective", {})
-    # torch.compile: one input shape, one compile (every batch padded to `batch`); CUDA graphs alone pad each
-    # batch to its bucket (1, 2, 4, ..., batch), all captured during the warm-up below
-    compiled_or_graphed = bool(effective.get("compile"))
-    graphed = bool(effective.get("cuda_graph"))
-    meter = BusyMeter(restore.forward)
-    restore.forward = meter                 # CUDA events around every generator call (the Restorer pads compiled)
-    restore_fn = restore
+    restorer, tune_info = build_restore(model, args.preset, device, batch)
+    meter = BusyMeter(restorer.forward)
+    restorer.forward = meter                # CUDA events around every generator call
     settings = EnhanceSettings(model=args.model, weights=args.weights, detector=args.detector, device=device.type,
-                               batch_size=batch, det_size=args.det_size or None)
-    inner = getattr(restore, "model", None)
-    enhancer = Enhancer(settings, model=inner if inner is not None else model, restore=restore)
+                               batch_size=batch, det_size=args.det_size or None, paste=args.paste,
+                               detector_process=args.detector_process)
+    # one detector for every pipeline of the run (each A/B pipeline serves it its own way)
+    detector = init_detector(args.detector, device=device, det_size=settings.det_size)
+    config = SchedulerConfig(workers=args.workers, prepare_workers=args.prepare_workers,
+                             max_wait_ms=args.max_wait_ms, detect_batch=args.detect_batch)
+
+    def make(**changes) -> Pipeline:
+        s = replace(settings, **{k: v for k, v in changes.items() if k in ("paste", "detector_process")})
+        return Pipeline(s, restorer.cfg, restorer=restorer, detector=detector,
+                        paste_impl=changes.get("paste_impl", "auto"), cut_on_device=changes.get("cut_on_device", True))
+
+    pipelines = {"default": make()}
+
+    def run(pipe: Pipeline, inputs, out: str, serial: bool = False):
+        paths = sorted(Path(inputs).iterdir()) if isinstance(inputs, Path) else list(inputs)
+        naming = OutputNaming(work / out, ext=args.ext)
+        return pipe.run(FileSource(paths), FileSink(naming), serial=serial, config=config)
 
     # warm-up: compile / graph capture / cuDNN / detector, on a few images through both paths (not timed below)
     print("warming up ...", flush=True)
     t = time.perf_counter()
     warm_in = sorted(folder.iterdir())[: 1 if args.tiny else 8]
+    graphed = bool(tune_info.get("effective", {}).get("cuda_graph"))
     with torch.inference_mode():
-        for b in ([k for k in (1, 2, 4, 8, 16, 32, 64) if k <= batch] if graphed and not compiled_or_graphed
-                  else [batch]):
-            restore_fn(torch.zeros(b, 3, enhancer.size, enhancer.size, device=device, dtype=enhancer.dtype))
-    capture = getattr(enhancer.detector, "capture_graphs", None)
+        for b in ([k for k in (1, 2, 4, 8, 16, 32, 64) if k <= batch] if graphed else [batch]):
+            restorer(torch.zeros(b, 3, restorer.size, restorer.size, device=device, dtype=restorer.dtype))
+    capture = getattr(detector, "capture_graphs", None)
     if capture is not None:
         capture()                         # the detector's P-Net graphs, every batch bucket (as the generator's)
-    enhance_folder(warm_in, work / "warm_serial", enhancer=enhancer, serial=True, ext=args.ext)
-    if args.detector_process and args.ab_detector_process:
-        ap.error("--detector-process and --ab-detector-process: use one")
-    in_process_detector = enhancer.detector     # the serial path keeps it when the pipeline's is a process
-    enhance_folder(warm_in, work / "warm_pipe", enhancer=enhancer, workers=args.workers, ext=args.ext,
-                   prepare_workers=args.prepare_workers, max_batch=batch,
-                   paste=args.paste, detect_batch=args.detect_batch, bucket_batches=not compiled_or_graphed,
-                   detector_process=args.detector_process)
+    run(pipelines["default"], warm_in, "warm_serial", serial=True)
+    run(pipelines["default"], warm_in, "warm_pipe")
     warmup_s = time.perf_counter() - t
 
-    runs = {}
-    summaries = {}
+    runs, summaries = {}, {}
     serial_inputs = sorted(folder.iterdir())[: args.serial_images] if args.serial_images else folder
     if not args.skip_serial:
         print("serial path ...", flush=True)
-        pipeline_detector = enhancer._detector
-        enhancer._detector = in_process_detector if args.detector_process else pipeline_detector
-        try:
-            runs["serial"], summaries["serial"] = measure(
-                "serial", lambda: enhance_folder(serial_inputs, work / "out_serial", enhancer=enhancer, serial=True,
-                                                 ext=args.ext), meter, device)
-        finally:
-            enhancer._detector = pipeline_detector
-    server = enhancer.detector                # the pipeline's BatchingDetector (installed by the warm-up run)
-    for k in ("calls", "images", "largest", "busy_s"):
-        if hasattr(server, k):
-            setattr(server, k, 0)             # count the measured pipeline run only
-
-    def pipeline(out: str):
-        """One pipelined run of the folder into work/out with this run's settings (for measure)."""
-        return lambda: enhance_folder(folder, work / out, enhancer=enhancer, workers=args.workers, ext=args.ext,
-                                      prepare_workers=args.prepare_workers, max_batch=batch,
-                                      max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
-                                      bucket_batches=not compiled_or_graphed, detector_process=args.detector_process)
-
-    ab = any(v not in (None, False) for k, v in vars(args).items() if k.startswith("ab_"))
+        runs["serial"], summaries["serial"] = measure(
+            "serial", lambda: run(pipelines["default"], serial_inputs, "out_serial", serial=True), meter, device)
+    ab = [k for k, v in vars(args).items() if k.startswith("ab_") and v not in (None, False)]
     if ab and args.warm_run:
         # the first full run of a process came out slower than the later ones (A/A/A runs, 2026-12-01: the first
         # A was the lowest in 3 of 4), which flattered the B of every A/B/A: one untimed run first
         print("pipeline, untimed warm run ...", flush=True)
-        pipeline("out_pipeline_warm")()
-        for k in ("calls", "images", "largest", "busy_s"):
-            if hasattr(server, k):
-                setattr(server, k, 0)
-    phases = DetectorPhases() if args.detector_phases else None
+        run(pipelines["default"], folder, "out_pipeline_warm")
     print("pipeline ...", flush=True)
-    runs["pipeline"], summaries["pipeline"] = measure("pipeline", pipeline("out_pipeline"), meter, device)
-
-    def attach_phases(name: str) -> None:
-        if phases is not None:
-            runs[name]["detector_phases"] = phases.report()
-            phases.reset()
-
-    attach_phases("pipeline")
-    detector_stats = {k: getattr(server, k, None) for k in ("calls", "images", "largest", "busy_s")}
-    if detector_stats["busy_s"] is not None:  # share of the pipeline's wall time the detector thread was detecting
-        detector_stats["busy_s"] = round(detector_stats["busy_s"], 3)
-        detector_stats["busy_fraction"] = round(detector_stats["busy_s"] / runs["pipeline"]["wall_s"], 3)
-    if args.ab_caller_shrink and hasattr(server, "_det_size"):
-        # same run, same folder: the detector thread shrinks every image itself (the previous behaviour)
-        kept, server._det_size = server._det_size, None
-        server.own_stream = False
-        print("pipeline, previous detector thread ...", flush=True)
-        runs["pipeline_server_shrink"], _ = measure("pipeline_server_shrink", pipeline("out_pipeline_b"), meter, device)
-        server._det_size, server.own_stream = kept, True
-    def ab_a(name: str, what: str, out_dir: str, apply, restore) -> None:
-        """A/B/A in the same run: the pipeline with a change (apply ... restore), then the default again (order
-        effects show up in the repeat)."""
-        apply()
+    runs["pipeline"], summaries["pipeline"] = measure("pipeline", lambda: run(pipelines["default"], folder,
+                                                                              "out_pipeline"), meter, device)
+    variants = {
+        "ab_detector_process": ("pipeline_detector_process", "detector in its own process",
+                                {"detector_process": True}),
+        "ab_paste_torch": ("pipeline_paste_torch", "device paste and crop through the PyTorch twins",
+                           {"paste_impl": "torch"}),
+        "ab_cut_on_cpu": ("pipeline_cut_on_cpu", "faces cut on the CPU", {"cut_on_device": False}),
+        "ab_paste": (f"pipeline_paste_{args.ab_paste}", f"--paste {args.ab_paste}", {"paste": args.ab_paste}),
+    }
+    for key in ab:
+        name, what, changes = variants[key]
+        pipe_b = pipelines.setdefault(key, make(**changes))
+        run(pipe_b, warm_in, f"warm_{key}")                     # its detector service / kernels start untimed
         print(f"pipeline, {what} ...", flush=True)
-        try:
-            runs[name], _ = measure(name, pipeline(out_dir), meter, device)
-            attach_phases(name)
-        finally:
-            restore()
+        runs[name], summaries[name] = measure(name, lambda p=pipe_b, k=key: run(p, folder, f"out_{k}"), meter,
+                                              device)
         print("pipeline again, as before (A/B/A) ...", flush=True)
-        runs["pipeline_repeat"], _ = measure("pipeline_repeat", pipeline("out_pipeline_a2"), meter, device)
-        attach_phases("pipeline_repeat")
-
-    def ab_attr(name: str, what: str, out_dir: str, owner, attr: str, value) -> None:
-        """ab_a for one attribute (a module switch, a detector field): B sets it to `value`, then it is put back."""
-        kept = getattr(owner, attr)
-        ab_a(name, what, out_dir, lambda: setattr(owner, attr, value), lambda: setattr(owner, attr, kept))
-
-    if args.ab_switch_interval:
-        from gpen_tune.throughput import runner as runner_module
-
-        # the runner sets min(the interpreter's interval, runner.SWITCH_INTERVAL_S) for its run: B changes that
-        # constant (until 2026-12-01 06:40 this flag set the interpreter's interval, which the runner's 0.2 ms
-        # overrode for any value above it: those "B" runs were the default again, i.e. A/A/A runs)
-        ab_attr("pipeline_switch_interval", f"GIL switch interval {args.ab_switch_interval * 1e3:g} ms during the run",
-                "out_pipeline_si", runner_module, "SWITCH_INTERVAL_S", args.ab_switch_interval)
-        runs["pipeline_switch_interval"]["switch_interval_s"] = args.ab_switch_interval
-    if args.ab_mtcnn_before:
-        import importlib.util
-
-        import gpen_tune.face.mtcnn_batched as current
-
-        spec = importlib.util.spec_from_file_location("mtcnn_batched_before", args.ab_mtcnn_before)
-        before = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(before)
-        kept_driver = current.detect_mtcnn_batched
-
-        def set_driver(fn):
-            current.detect_mtcnn_batched = fn
-
-        ab_a("pipeline_mtcnn_before", f"detector driver from {args.ab_mtcnn_before}", "out_pipeline_mb",
-             lambda: set_driver(before.detect_mtcnn_batched), lambda: set_driver(kept_driver))
-    if args.ab_pnet_graphs:
-        ab_attr("pipeline_pnet_eager", "detector's P-Net eager (no CUDA graphs)", "out_pipeline_pe",
-                getattr(server, "_inner", server), "pnet_graphs", False)
-    if args.ab_paste_torch:
-        from gpen_tune.throughput import gpu_paste
-
-        ab_attr("pipeline_paste_torch", "GPU paste in PyTorch calls (no Triton kernel)", "out_pipeline_pt",
-                gpu_paste, "USE_TRITON", False)
-    if args.ab_paste:
-        ab_attr(f"pipeline_paste_{args.ab_paste}", f"--paste {args.ab_paste}", "out_pipeline_pm", args, "paste",
-                args.ab_paste)
-    if args.ab_cut_on_cpu:
-        from gpen_tune.throughput import stages as stages_module
-
-        ab_attr("pipeline_cut_on_cpu", "faces cut on the CPU, uploaded by the GPU stage", "out_pipeline_cc",
-                stages_module, "CUT_ON_DEVICE", False)
-    if args.ab_area_torch:
-        from gpen_tune.face import area_triton
-
-        mtcnn = getattr(server, "_inner", server)
-
-        def set_area(value):
-            area_triton.USE_TRITON = value
-            mtcnn._fixed = None                # the P-Net graphs hold the kernels they were captured with
-            mtcnn.capture_graphs()
-
-        ab_a("pipeline_area_torch", "detector's area resize in PyTorch calls", "out_pipeline_at",
-             lambda: set_area(False), lambda: set_area(True))
-    if args.ab_nms_torchvision:
-        from gpen_tune.face import nms_triton
-
-        ab_attr("pipeline_nms_torchvision", "detector's NMS through torchvision (one greedy pass over all groups)",
-                "out_pipeline_nt", nms_triton, "USE_TRITON", False)
-    if args.ab_detector_batch:
-        mtcnn = getattr(server, "_inner", server)
-        kept_det = (mtcnn.max_batch, server._max_images, args.prepare_workers)
-
-        def set_det_batch(n, images, threads):
-            mtcnn.max_batch, server._max_images, args.prepare_workers = n, images, threads
-            mtcnn._fixed = None
-            mtcnn.capture_graphs()
-
-        n = args.ab_detector_batch
-        ab_a(f"pipeline_detector_batch_{n}", f"up to {n} images per detector call, {n} prepare threads",
-             "out_pipeline_db", lambda: set_det_batch(n, n, n), lambda: set_det_batch(*kept_det))
-    process_detector = None
-    if args.ab_detector_process:
-        def run_with_process_detector(inputs, out: Path):
-            return enhance_folder(inputs, out, enhancer=enhancer, workers=args.workers, ext=args.ext,
-                                  prepare_workers=args.prepare_workers, max_batch=batch,
-                                  max_wait_ms=args.max_wait_ms, paste=args.paste, detect_batch=args.detect_batch,
-                                  bucket_batches=not compiled_or_graphed, detector_process=True)
-
-        print("pipeline, detector in its own process (start + warm-up not timed) ...", flush=True)
-        # the first run spawns the detector process (it replaces the detector thread) and warms its detector;
-        # the child's memory is not in this process's RSS / GPU peaks below
-        t_proc = time.perf_counter()
-        run_with_process_detector(warm_in[:1], work / "warm_proc0")
-        proc_start_s = time.perf_counter() - t_proc            # spawn, import, CUDA context, build, graph capture
-        run_with_process_detector(warm_in, work / "warm_proc")
-        proc = enhancer.detector
-        for k in ("calls", "images", "largest"):
-            setattr(proc, k, 0)
-        runs["pipeline_detector_process"], summaries["pipeline_detector_process"] = measure(
-            "pipeline_detector_process", lambda: run_with_process_detector(folder, work / "out_pipeline_proc"),
-            meter, device)
-        process_detector = {k: getattr(proc, k) for k in ("calls", "images", "largest")}
-        process_detector["start_s"] = round(proc_start_s, 2)
-        process_detector["outputs_vs_pipeline"] = compare_outputs(summaries["pipeline"].results,
-                                                                  summaries["pipeline_detector_process"].results)
-        if args.ab_process_repeat:       # A/B/A/B: the detector thread again, then the process again
-            enhancer._detector = server
-            print("pipeline again with the detector thread ...", flush=True)
-            runs["pipeline_repeat"], _ = measure("pipeline_repeat", pipeline("out_pipeline_a2"), meter, device)
-            enhancer._detector = proc
-            print("pipeline again with the detector process ...", flush=True)
-            runs["pipeline_detector_process_repeat"], _ = measure(
-                "pipeline_detector_process_repeat", lambda: run_with_process_detector(folder, work / "out_proc2"),
-                meter, device)
-        proc.close()
-        enhancer._detector = server           # back to the detector thread (the process one replaced it)
+        runs[f"{name}_then_default"], _ = measure(
+            f"{name}_then_default", lambda k=key: run(pipelines["default"], folder, f"out_{k}_a2"), meter, device)
+        runs[name]["outputs_vs_pipeline"] = compare_outputs(summaries["pipeline"].results, summaries[name].results)
     pipe = runs["pipeline"]
     pipe["stage_analysis"] = limiting_stage(pipe)
-
     result = {
         "benchmark": "throughput",
         "command": command,
@@ -742,14 +532,10 @@ def main(argv: list[str] | None = None) -> int:
         "model": args.model,
         "weights": args.weights,
         "tune": tune_info,
-        "detector_server": detector_stats,      # of the "pipeline" run (A/B runs after it not counted)
-        **({"detector_process": process_detector} if process_detector is not None else {}),
-        "settings": {"batch": batch, "fixed_batch_padding": bool(compiled_or_graphed), "workers": args.workers,
-                     "prepare_workers": pipe["stages"].get("prepare_workers"),
+        "settings": {"batch": batch, "workers": args.workers, "prepare_workers": pipe["stages"].get("prepare_workers"),
                      "max_wait_ms": args.max_wait_ms, "paste": args.paste, "detect_batch": args.detect_batch,
                      "detector_process": args.detector_process, "serial_images": args.serial_images,
-                     "detector": enhancer.detector.name,
-                     "detector_pnet_graphs": getattr(enhancer.detector, "uses_pnet_graphs", None),
+                     "detector": detector.name, "detector_pnet_graphs": getattr(detector, "uses_pnet_graphs", None),
                      "det_size": settings.det_size, "max_inflight": pipe["stages"].get("max_inflight")},
         "folder": composition,
         "warmup_s": round(warmup_s, 2),
@@ -770,7 +556,9 @@ def main(argv: list[str] | None = None) -> int:
                          "met": (pipe["gpu_busy"] or 0) >= TARGETS["gpu_busy"]},
         }
     result["total_s"] = round(time.perf_counter() - t_start, 1)
-    enhancer.close()
+    for p in pipelines.values():
+        p.close()
+    detector.close()
     if args.workdir is None:
         shutil.rmtree(work, ignore_errors=True)
 
