@@ -24,8 +24,8 @@ from face_testdata import mtcnn
 from gpen_tune.face import samples
 from gpen_tune.face.detect import DetectorError
 from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, OutputNaming
-from gpen_tune.model.configs import GPENConfig
 from gpen_tune.load import load_model
+from gpen_tune.model.configs import GPENConfig
 from gpen_tune.throughput import enhance_folder
 from gpen_tune.throughput.detect_process import DetectorSpec, ProcessDetector
 from gpen_tune.throughput.stages import EnhancerStages

@@ -28,7 +28,7 @@ def tune_pipeline(settings: Any, cfg: TuneConfig, model: torch.nn.Module, device
     restore = build_restorer(model, cfg, device=device, max_batch=settings.batch_size)
     detector = None
     if cfg.lazy_detector:
-        from gpen_tune.face.detect import init_detector
+        from gpen_tune.face.detect import init_detector  # the detectors (facexlib) only when asked for
 
         kwargs = {"notify": notify} if notify is not None else {}
         factory = functools.partial(init_detector, settings.detector, device=restore.device,

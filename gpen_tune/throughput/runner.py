@@ -32,7 +32,7 @@ import numpy as np
 
 from gpen_tune.restore.buckets import bucket_floor, default_batch_size
 from gpen_tune.restore.restorer import Restorer
-from gpen_tune.restore.staging import PendingBatch
+from gpen_tune.restore.staging import PendingBatch, StageTimes
 
 _DONE = object()      # a prepare worker has no more input
 _POLL_S = 0.05        # how often blocked threads look at the stop flag
@@ -214,6 +214,7 @@ class _Run:
         self.restorer = restorer
         self.workers, self.prepare_workers, max_batch, self.max_inflight = config.resolved(restorer.device.type)
         restorer.limit = min(restorer.limit, max_batch)
+        restorer.times = StageTimes()                # this run's numbers (the restorer may have served others)
         self.max_wait = config.max_wait_ms / 1000.0
         self.detect_batch = max(1, config.detect_batch)
         self.take = restorer.take if config.bucket_batches else (lambda n, limit: min(n, limit))
