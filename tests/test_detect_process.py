@@ -33,8 +33,8 @@ from gpen_tune.face.detect import (
     init_detector,
 )
 from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, OutputNaming
-from gpen_tune.model.configs import GPENConfig
 from gpen_tune.load import load_model
+from gpen_tune.model.configs import GPENConfig
 from gpen_tune.throughput import enhance_folder
 from gpen_tune.throughput.stages import EnhancerStages
 

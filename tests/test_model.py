@@ -7,8 +7,8 @@ import pytest
 import torch
 from gpen_reference import gpen_forward_ref, upfirdn2d_ref
 
-from gpen_tune.model import MODELS, FullGenerator, GPENConfig
 from gpen_tune.load import load_model
+from gpen_tune.model import MODELS, FullGenerator, GPENConfig
 from gpen_tune.ops import upfirdn2d
 from gpen_tune.weights.checkpoint import synthetic_state_dict
 

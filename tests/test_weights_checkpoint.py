@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest_weights import checkpoint_file, jpeg_file
 
-from gpen_tune.model.configs import GPENConfig
 from gpen_tune.load import load_model
+from gpen_tune.model.configs import GPENConfig
 from gpen_tune.weights.checkpoint import CheckpointError, read_state_dict
 from gpen_tune.weights.registry import infer_model, verify_file
 

@@ -11,8 +11,8 @@ import shutil
 import pytest
 from conftest_weights import checkpoint_file, closed_port, jpeg_file, start_server
 
-from gpen_tune.model.configs import GPENConfig
 from gpen_tune.load import load_model
+from gpen_tune.model.configs import GPENConfig
 from gpen_tune.weights import pins
 from gpen_tune.weights.checkpoint import CheckpointError
 from gpen_tune.weights.registry import (

@@ -1,8 +1,9 @@
 """`Restorer`: the generator behind every enabled switch, with batching, OOM splitting and the non-finite guard.
 
 It owns the batch policy: one limit (`.limit`, the largest batch run at once; the runner rounds it to a bucket of
-`buckets.BUCKETS`; lowered to a bucket for good when CUDA runs out of memory), one splitter, and the choice of how many pending faces to launch
-(`take`: bucket sizes, or up to the limit for a forward padded to one shape). Guards of every batch:
+`buckets.BUCKETS`; lowered to a bucket for good when CUDA runs out of memory), one splitter, and the choice of how
+many pending faces to launch (`take`: bucket sizes, or up to the limit for a forward padded to one shape).
+Guards of every batch:
 * CUDA out-of-memory -> the limit drops to half (a bucket), CUDA graphs are dropped, the batch runs in chunks of
   the new limit; recorded in `fallbacks`;
 * non-finite output: one reduction per batch gives a finite flag per face (read with the batch's download, no
