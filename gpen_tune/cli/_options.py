@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from gpen_tune.tune.options import TuneConfig, resolve_preset, switch_help, with_overrides
+from gpen_tune.tune.options import TuneConfig, resolve_preset, switch_short, with_overrides
 
 PANEL = "Optimizations"
 
@@ -37,24 +37,24 @@ class AmpMode(str, Enum):
 
 
 PresetOpt = Annotated[Preset | None, typer.Option(
-    "--preset", help="Start from a named set of switches (flags below override it). auto: chosen from free GPU "
-    "memory (torch.cuda.mem_get_info), >= 16 GiB speed, >= 6 GiB balanced, else low-memory.",
+    "--preset", help="Start from a named set of switches (the flags below override it); auto picks by device and "
+    "free memory.",
     rich_help_panel=PANEL, case_sensitive=False)]
 LazyDetectorOpt = Annotated[bool | None, typer.Option(
-    "--lazy-detector/--no-lazy-detector", help=switch_help("lazy_detector"), rich_help_panel=PANEL,
+    "--lazy-detector/--no-lazy-detector", help=switch_short("lazy_detector"), rich_help_panel=PANEL,
     show_default=False)]
 CompileOpt = Annotated[CompileMode | None, typer.Option(
-    "--compile", help=switch_help("compile"), rich_help_panel=PANEL, case_sensitive=False, show_default=False)]
+    "--compile", help=switch_short("compile"), rich_help_panel=PANEL, case_sensitive=False, show_default=False)]
 AmpOpt = Annotated[AmpMode | None, typer.Option(
-    "--amp", help=switch_help("amp"), rich_help_panel=PANEL, case_sensitive=False, show_default=False)]
+    "--amp", help=switch_short("amp"), rich_help_panel=PANEL, case_sensitive=False, show_default=False)]
 CheckpointOpt = Annotated[bool | None, typer.Option(
-    "--checkpoint/--no-checkpoint", help=switch_help("act_checkpoint"), rich_help_panel=PANEL, show_default=False)]
+    "--checkpoint/--no-checkpoint", help=switch_short("act_checkpoint"), rich_help_panel=PANEL, show_default=False)]
 FaceCropOpt = Annotated[bool | None, typer.Option(
-    "--face-crop/--no-face-crop", help=switch_help("face_crop"), rich_help_panel=PANEL, show_default=False)]
+    "--face-crop/--no-face-crop", help=switch_short("face_crop"), rich_help_panel=PANEL, show_default=False)]
 CudaGraphOpt = Annotated[bool | None, typer.Option(
-    "--cuda-graph/--no-cuda-graph", help=switch_help("cuda_graph"), rich_help_panel=PANEL, show_default=False)]
+    "--cuda-graph/--no-cuda-graph", help=switch_short("cuda_graph"), rich_help_panel=PANEL, show_default=False)]
 FusedOpt = Annotated[bool | None, typer.Option(
-    "--fused/--no-fused", help=switch_help("fused"), rich_help_panel=PANEL, show_default=False)]
+    "--fused/--no-fused", help=switch_short("fused"), rich_help_panel=PANEL, show_default=False)]
 
 
 def tune_config_from_options(

@@ -16,8 +16,11 @@ COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune")
 AMP_MODES: tuple[str, ...] = ("off", "bf16", "fp16")
 
 
-def _switch(default, *, flag: str, help: str, tolerance: str, requires: str = "any device"):
-    return field(default=default, metadata={"flag": flag, "help": help, "tolerance": tolerance, "requires": requires})
+def _switch(default, *, flag: str, short: str, help: str, tolerance: str, requires: str = "any device"):
+    """A switch: `short` is its one-sentence CLI help; `help`, `tolerance` and `requires` are the full story
+    (README table, bench reports)."""
+    return field(default=default, metadata={"flag": flag, "short": short, "help": help, "tolerance": tolerance,
+                                            "requires": requires})
 
 
 @dataclass(frozen=True)
@@ -26,23 +29,27 @@ class TuneConfig:
 
     lazy_detector: bool = _switch(
         False, flag="--lazy-detector",
+        short="Build the detector on first use; free it before generator batches when GPU memory is tight.",
         help="Create the face detector on first use and release it (delete, empty the CUDA cache) before the "
              "generator runs when free GPU memory is tight; it is recreated when the next image needs it.",
         tolerance="identical output (memory only)", requires="CUDA (on the CPU there is no GPU memory to free)")
     compile: CompileMode | None = _switch(
         None, flag="--compile",
+        short="torch.compile the generator (default | reduce-overhead | max-autotune).",
         help="torch.compile the generator (default | reduce-overhead | max-autotune), whole graph, no breaks. "
              "Costs a one-off warm-up (tens of seconds per input shape); a compile error falls back to eager.",
         tolerance="max-abs <= 1e-3 vs fp32 eager (kernel fusion reorders float sums)",
         requires="a C++ compiler on CPU, Triton on CUDA")
     amp: AmpMode = _switch(
         "off", flag="--amp",
+        short="Generator convolutions in bf16 or fp16 (non-finite batches re-run in fp32).",
         help="Run the generator's convolutions in bf16 or fp16 (weights cast, not autocast); the style path, "
              "demodulation and RGB skip stay fp32. A batch with a non-finite output is re-run in fp32.",
         tolerance=">= 40 dB PSNR vs fp32 (measured: fp16 ~ 64 dB, bf16 ~ 50 dB)",
         requires="bf16: GPUs with bf16 (Ampere or newer) or the CPU; fp16: CUDA or a CPU with fp16 convs")
     act_checkpoint: bool = _switch(
         False, flag="--checkpoint",
+        short="Lower the generator's memory peak: free encoder features early, recompute two.",
         help="Lower the generator's inference memory peak: each encoder feature is freed after its last use, the "
              "two largest are recomputed when the decoder needs them (a few % more compute), and each feature is "
              "scaled inside the concatenation buffer. This is not autograd checkpointing, which saves nothing at "
@@ -50,17 +57,20 @@ class TuneConfig:
         tolerance="same output up to float rounding (<= 1e-5 in fp32)")
     face_crop: bool = _switch(
         True, flag="--face-crop",
+        short="Detect on a downscaled copy and process only the face regions (off: full frame).",
         help="Never process a large image whole: detect on a downscaled copy, cut the face regions, restore and "
              "paste back only those. Off = upstream-like full-frame processing (kept for comparison).",
         tolerance="same faces; pixels outside the face regions are untouched",
         requires="the enhance pipeline (no effect on the bare generator)")
     cuda_graph: bool = _switch(
         False, flag="--cuda-graph",
+        short="Replay the generator from CUDA graphs per batch bucket.",
         help="Capture the generator into CUDA Graphs per (batch bucket 1,2,4,...,64, size, dtype) and replay them; "
              "batches are padded up to the bucket. Removes the per-kernel launch cost that dominates batch 1.",
         tolerance="identical to the module it captures", requires="CUDA")
     fused: bool = _switch(
         False, flag="--fused",
+        short="The fused generator: precomputed weights, channels-last, one kernel per conv epilogue.",
         help=("Use the fused generator of gpen_tune.model.fused (precomputed weight transforms, channels-last, "
               "one Triton pass per conv for FIR + demodulation + bias + activation + next style)."),
         tolerance="max-abs <= 1e-3 vs fp32 in fp32", requires="any device (Triton kernels on CUDA)")
@@ -88,6 +98,11 @@ def switch_help(name: str) -> str:
     """CLI help text of a switch, with its tolerance and requirement appended."""
     meta = next(f for f in fields(TuneConfig) if f.name == name).metadata
     return f"{meta['help']} (tolerance: {meta['tolerance']}; needs: {meta['requires']})"
+
+
+def switch_short(name: str) -> str:
+    """The switch's one-sentence CLI help."""
+    return next(f for f in fields(TuneConfig) if f.name == name).metadata["short"]
 
 
 def switch_meta(name: str) -> dict:
