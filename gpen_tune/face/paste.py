@@ -77,19 +77,24 @@ def feather_sigma(size: int, inverse: np.ndarray | None = None) -> float:
     return max(default, min(math.ceil(need * 4.0) / 4.0, size / 26.0))
 
 
-def feather(mask: np.ndarray, sigma: float | None = None) -> np.ndarray:
-    """Upstream's mask post-processing scaled to the crop size: clear the border, then blur twice. `sigma` (crop
-    px, from `feather_sigma`) widens it; the cleared border grows with it so the mask still ends at zero."""
-    size = mask.shape[0]
+def feather_params(size: int, sigma: float | None = None) -> tuple[int, float, int]:
+    """(cleared border px, blur sigma, blur kernel size) of the feather of an SxS mask: upstream's numbers scaled
+    with the size, or widened to `sigma` (crop px, from `feather_sigma`) with the border grown so that the mask
+    still ends at zero. The one definition the host feather and the parser's device feather share."""
     k = size / REF_SIZE
     border = max(1, round(BORDER_AT_512 * k))
     ksize = max(3, int(round(KSIZE_AT_512 * k)) | 1)
     default = SIGMA_AT_512 * k
     if sigma is None or sigma <= default:
-        sigma = default
-    else:
-        border = max(border, math.ceil(BORDER_SIGMAS * sigma * math.sqrt(2.0)))
-        ksize = max(ksize, 2 * math.ceil(4.0 * sigma) + 1)
+        return border, default, ksize
+    return (max(border, math.ceil(BORDER_SIGMAS * sigma * math.sqrt(2.0))), float(sigma),
+            max(ksize, 2 * math.ceil(4.0 * sigma) + 1))
+
+
+def feather(mask: np.ndarray, sigma: float | None = None) -> np.ndarray:
+    """Upstream's mask post-processing scaled to the crop size: clear the border, then blur twice (`sigma`:
+    widened, see `feather_params`)."""
+    border, sigma, ksize = feather_params(mask.shape[0], sigma)
     out = np.array(mask, dtype=np.float32)
     out[:border] = 0
     out[-border:] = 0
@@ -150,7 +155,7 @@ def _value_scale(dtype: np.dtype) -> tuple[float, int]:
     raise ValueError(f"paste base must be uint8 or uint16, got {dtype}")
 
 
-def _warped_masks(faces: Sequence[PasteFace], width: int, height: int):
+def _warped_masks(faces: Sequence[PasteFace | DeviceFace], width: int, height: int):
     """(face, roi, shifted inverse, warped mask [h, w] float32) of every face whose region meets the image."""
     for face in faces:
         size = face.restored.shape[0]
@@ -160,6 +165,8 @@ def _warped_masks(faces: Sequence[PasteFace], width: int, height: int):
         x0, y0, x1, y1 = roi
         shift = _shifted(face.inverse, x0, y0)
         mask = default_mask(size, face.inverse) if face.mask is None else face.mask
+        if isinstance(mask, torch.Tensor):                     # a DeviceFace's mask (blend_weights of a GPU paste)
+            mask = mask.detach().float().cpu().numpy()
         m = cv2.warpAffine(np.asarray(mask, np.float32), shift, (x1 - x0, y1 - y0), flags=cv2.INTER_LINEAR,
                            borderMode=cv2.BORDER_CONSTANT, borderValue=0.0)
         yield face, roi, shift, m
@@ -198,7 +205,7 @@ def paste_faces(base: np.ndarray, faces: list[PasteFace], strength: float = 1.0)
     return out
 
 
-def blend_weights(shape: tuple[int, int], faces: Sequence[PasteFace], strength: float = 1.0,
+def blend_weights(shape: tuple[int, int], faces: Sequence[PasteFace | DeviceFace], strength: float = 1.0,
                   per_face: bool = False) -> np.ndarray:
     """The paste's final blend weights for an image of `shape` (H, W): [H, W] float32, the share of restored
     pixels at each pixel (s * min(1, sum_i m_i)); with per_face, [F, H, W], face i's share s * m_i / max(1, sum).
