@@ -124,3 +124,13 @@ def test_bf16_masks_agree_with_fp32_on_bundled_faces(checkpoints, faces):
     bf16 = FaceParser("cpu", checkpoints["ParseNet-latest.pth"], precision="bf16")
     x = torch.from_numpy(faces)
     assert mask_area_iou(fp32.masks_device(x), bf16.masks_device(x)) >= 0.99
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_bf16_masks_agree_with_fp32(checkpoints):
+    x = torch.from_numpy(samples.aligned_face_crops(512)).cuda()
+    fp32 = FaceParser("cuda", checkpoints["ParseNet-latest.pth"], precision="fp32").masks_device(x)
+    auto = FaceParser("cuda", checkpoints["ParseNet-latest.pth"])
+    assert auto.dtype == torch.bfloat16
+    assert mask_area_iou(fp32, auto.masks_device(x)) >= 0.99

@@ -256,3 +256,16 @@ def test_triton_kernel_follows_the_blend_rule_in_interpreter():
         r = res[strength]
         assert r["changed"] > 30, res
         assert r["kernel_vs_twin"] <= 1 and r["kernel_vs_host"] <= 2, res
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("strength", [1.0, 0.6])
+def test_cuda_kernel_twin_and_host_agree_on_overlaps(strength):
+    canvas, faces = overlap_mosaic()
+    dev = [DeviceFace(torch.from_numpy(f.restored).cuda(), f.inverse, default_mask(SIZE, f.inverse)) for f in faces]
+    host = paste_faces(canvas, list(faces), strength).astype(int)
+    kernel = paste_faces_device(canvas, dev, strength, impl="triton").astype(int)
+    twin = paste_faces_device(canvas, dev, strength, impl="torch").astype(int)
+    assert np.abs(kernel - twin).max() <= 1 and np.abs(kernel - host).max() <= 2
+    assert np.abs(host - canvas).max() > 30
