@@ -232,7 +232,9 @@ class Stages:
             inverses = [scale_inverse(m, self.upscaler.scale) for m in inverses]
             alpha = None if alpha is None else upscale_alpha(alpha, self.upscaler.scale)
         restored = [f.restored for f in job.faces]
+        t = time.perf_counter()
         masks = self.parser.masks(restored, inverses) if self.parser is not None else [None] * len(restored)
+        job.add_time("parse", time.perf_counter() - t)
         paste = []
         for face, crop, inverse, mask in zip(job.faces, restored, inverses, masks, strict=True):
             if s.soften_small_faces and face.detection is not None and is_small_face(face.detection.box):
@@ -248,7 +250,9 @@ class Stages:
         s = self.settings
         inverses = [face.inverse for face in job.faces]
         if self.parser is not None:          # one batch on the generator's device, no host sync
+            t = time.perf_counter()
             masks = list(self.parser.masks_device(torch.stack(list(restored_device)), inverses).unbind(0))
+            job.add_time("parse", time.perf_counter() - t)
         else:
             masks = [default_mask(dev.shape[0], inv) for dev, inv in zip(restored_device, inverses, strict=True)]
         faces = [DeviceFace(dev, face.inverse, mask,
