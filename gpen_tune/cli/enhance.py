@@ -49,6 +49,11 @@ class DetectorChoice(str, Enum):
     mtcnn = "mtcnn"
 
 
+class UpsamplerChoice(str, Enum):
+    realesrnet = "realesrnet"
+    realesrgan = "realesrgan"
+
+
 class TemplateChoice(str, Enum):
     gpen = "gpen"
     ffhq = "ffhq"
@@ -98,8 +103,23 @@ def enhance(
                                   help="Inputs are aligned face crops: no detection, no paste.")] = False,
     only_center_face: Annotated[bool, _opt("--only-center-face", "--only_center_face", panel=FACE_PANEL,
                                            help="Restore only the face closest to the image centre.")] = False,
-    parse_mask: Annotated[bool, _opt("--parse-mask", panel=FACE_PANEL,
-                                     help="Paste through a face-parsing mask (ParseNet).")] = False,
+    save_mask: Annotated[bool, _opt("--save-mask", panel=IO_PANEL,
+                                    help="Also write the paste's blend weights as a grey image (OUT/masks/).")]
+    = False,
+    parse_mask: Annotated[bool | None, _opt("--parse-mask/--no-parse-mask", panel=FACE_PANEL, show_default=False,
+                                            help="Paste through a face-parsing mask (ParseNet); --parse-mask "
+                                            "requires it [default: on when its weights are available].")] = None,
+    parse_weights: Annotated[str | None, _opt("--parse-weights", panel=FACE_PANEL,
+                                              help="ParseNet weights file (upstream's or facexlib's).")] = None,
+    bg_upsampler: Annotated[UpsamplerChoice | None, _opt("--bg-upsampler", panel=FACE_PANEL, show_default=False,
+                                                         help="Upscale the whole photo (Real-ESRNet / "
+                                                         "Real-ESRGAN) and paste the faces onto it.")] = None,
+    upscale: Annotated[int, _opt("--upscale", panel=FACE_PANEL, min=2, max=4,
+                                 help="Background upscale factor: 2 or 4 (with --bg-upsampler).")] = 2,
+    bg_weights: Annotated[str | None, _opt("--bg-weights", panel=FACE_PANEL,
+                                           help="Upscaler weights file (offline use).")] = None,
+    tile: Annotated[int, _opt("--tile", panel=PERF_PANEL, min=0,
+                              help="Upscale in overlapping tiles of N px (0 = whole photo; less memory).")] = 0,
     model: Annotated[str, _opt("--model", panel=MODEL_PANEL, help="GPEN-BFR-256, -512, -1024 or -2048.")]
     = "GPEN-BFR-512",
     weights: Annotated[str | None, _opt("--weights", panel=MODEL_PANEL, help="A .pth file, a registry name or "
@@ -171,7 +191,9 @@ def enhance(
             model=model, weights=weights, template=template.value, detector=detector.value,
             detector_weights=detector_weights, det_size=detection_size(det_size, tune.face_crop),
             det_threshold=det_threshold, strength=strength, only_center_face=only_center_face, aligned=aligned,
-            parse_mask=parse_mask, batch_size=batch_size, device=str(dev), detector_process=detector_process)
+            parse_mask=parse_mask, parse_weights=parse_weights, batch_size=batch_size, device=str(dev),
+            detector_process=detector_process, bg_upsampler=bg_upsampler.value if bg_upsampler else None,
+            upscale=upscale, bg_weights=bg_weights, tile=tile)
         if detector_process and tune.lazy_detector:
             raise ValueError("--detector-process runs the detector in its own process, which --lazy-detector "
                              "cannot release: choose one")
@@ -181,14 +203,14 @@ def enhance(
     existing = "overwrite" if overwrite else "skip" if skip_existing else "refuse"
     code = run_command(names, output, settings, tune, recursive=recursive, ext=ext, suffix=suffix,
                        name_pattern=name_pattern, existing=existing, report=report, save_faces=save_faces,
-                       save_comparison=save_comparison, serial=serial or None,
+                       save_comparison=save_comparison, save_mask=save_mask, serial=serial or None,
                        config=SchedulerConfig(workers=workers), build=Pipeline, run=run_enhance,
                        video=VideoOptions(codec=codec, crf=crf, smooth=smooth))
     raise typer.Exit(code)
 
 
 def run_command(names, output: Path, settings, tune, *, recursive, ext, suffix, name_pattern, existing, report,
-                save_faces, save_comparison, serial, config, build, run, video=None) -> int:
+                save_faces, save_comparison, serial, config, build, run, video=None, save_mask=False) -> int:
     """Build the pipeline, run every input with progress, print the summary, write the report; the exit code."""
     from gpen_tune.pipeline.report import summarize, tune_summary, write_report
 
@@ -206,6 +228,7 @@ def run_command(names, output: Path, settings, tune, *, recursive, ext, suffix, 
             result = run(names, output, settings, tune, pipeline=pipe, recursive=recursive, ext=ext, suffix=suffix,
                          name_pattern=name_pattern, existing=existing, save_faces=save_faces,
                          save_comparison=save_comparison, serial=serial, config=config,
+                         save_mask=save_mask,
                          on_result=progress.image_done, on_faces=progress.faces_done, on_start=progress.start,
                          video=video, notify=notice)
     except user_errors() as e:

@@ -7,12 +7,25 @@ full-frame paste, kept only as the `--no-face-crop` comparison.
 
 Per face, only the rectangle covered by the inverse-warped crop is touched: the crop and its mask are warped into
 that region with a shifted affine (never a full-frame warp or a full-frame mask per face, which is what makes
-upstream's paste cost grow with the photo). Overlapping faces follow upstream's rule: at every pixel the face
-with the larger mask wins. Pixels outside every mask keep their input values exactly.
+upstream's paste cost grow with the photo).
+
+The blend rule (every implementation): with m_i the warped mask of face i, s the strength and bg the input,
+
+    out = bg + s * sum_i m_i * (face_i - bg) / max(1, sum_i m_i)
+
+A lone face blends by its mask as upstream does; where faces overlap, each contributes in proportion to its mask,
+so the result changes smoothly across the overlap (upstream's "larger mask wins" switches faces along a hard
+line). The weights are continuous wherever the masks are, and the masks fall to zero inside each region.
+Pixels outside every mask keep their input values exactly.
+
+The feather (border cleared, then two Gaussian blurs) is upstream's, scaled with the crop size, but never narrower
+than MIN_FEATHER_SIGMA_PX in the image: a face of ~35 px is pasted from a crop shrunk ~6 times, where upstream's
+feather becomes a one-pixel square edge.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +44,8 @@ REF_SIZE = 512               # upstream's mask numbers are for a 512 crop; they 
 BORDER_AT_512 = 26           # px cleared on each side (facts 2.2 step 6)
 SIGMA_AT_512 = 4.0           # two Gaussian blurs of this sigma (kernel 101 at 512)
 KSIZE_AT_512 = 101
+BORDER_SIGMAS = BORDER_AT_512 / (SIGMA_AT_512 * math.sqrt(2.0))   # cleared border in effective sigmas (~4.6)
+MIN_FEATHER_SIGMA_PX = 2.5   # the feather's effective sigma in image pixels is never smaller than this
 SMALL_FACE_PX = 100          # upstream softens restored faces whose detection box is smaller than this
 SMOOTH_KERNEL = np.outer([1.0, 2.0, 1.0], [1.0, 2.0, 1.0]).astype(np.float32) / 16.0
 
@@ -41,16 +56,45 @@ class PasteFace:
 
     restored: np.ndarray
     inverse: np.ndarray
-    mask: np.ndarray | None = None       # [S, S] float32 in [0, 1]; None = the feathered square `face_mask(S)`
+    mask: np.ndarray | None = None       # [S, S] float32 in [0, 1]; None = `default_mask(S, inverse)`
 
 
-def feather(mask: np.ndarray) -> np.ndarray:
-    """Upstream's mask post-processing scaled to the crop size: clear the border, then blur twice."""
-    size = mask.shape[0]
+def image_scale(inverse: np.ndarray) -> float:
+    """Image pixels per crop pixel of an inverse affine (crop -> image)."""
+    return math.sqrt(abs(float(np.linalg.det(np.asarray(inverse, np.float64)[:, :2]))))
+
+
+def feather_sigma(size: int, inverse: np.ndarray | None = None) -> float:
+    """Sigma (crop pixels) of each of the feather's two blurs for an SxS crop pasted through `inverse`: upstream's
+    4 px at 512 scaled with the crop, widened so that the feather spans at least MIN_FEATHER_SIGMA_PX in the image
+    (quantised to 1/4 px so that masks can be cached; at most size/26, which keeps the mask's core)."""
+    default = SIGMA_AT_512 * size / REF_SIZE
+    if inverse is None:
+        return default
+    need = MIN_FEATHER_SIGMA_PX / max(image_scale(inverse), 1e-6) / math.sqrt(2.0)
+    if need <= default:
+        return default
+    return max(default, min(math.ceil(need * 4.0) / 4.0, size / 26.0))
+
+
+def feather_params(size: int, sigma: float | None = None) -> tuple[int, float, int]:
+    """(cleared border px, blur sigma, blur kernel size) of the feather of an SxS mask: upstream's numbers scaled
+    with the size, or widened to `sigma` (crop px, from `feather_sigma`) with the border grown so that the mask
+    still ends at zero. The one definition the host feather and the parser's device feather share."""
     k = size / REF_SIZE
     border = max(1, round(BORDER_AT_512 * k))
-    sigma = SIGMA_AT_512 * k
     ksize = max(3, int(round(KSIZE_AT_512 * k)) | 1)
+    default = SIGMA_AT_512 * k
+    if sigma is None or sigma <= default:
+        return border, default, ksize
+    return (max(border, math.ceil(BORDER_SIGMAS * sigma * math.sqrt(2.0))), float(sigma),
+            max(ksize, 2 * math.ceil(4.0 * sigma) + 1))
+
+
+def feather(mask: np.ndarray, sigma: float | None = None) -> np.ndarray:
+    """Upstream's mask post-processing scaled to the crop size: clear the border, then blur twice (`sigma`:
+    widened, see `feather_params`)."""
+    border, sigma, ksize = feather_params(mask.shape[0], sigma)
     out = np.array(mask, dtype=np.float32)
     out[:border] = 0
     out[-border:] = 0
@@ -61,12 +105,17 @@ def feather(mask: np.ndarray) -> np.ndarray:
     return out
 
 
-@lru_cache(maxsize=8)
-def face_mask(size: int) -> np.ndarray:
-    """The default paste mask of an SxS crop: a feathered square (read-only, cached)."""
-    m = feather(np.ones((size, size), np.float32))
+@lru_cache(maxsize=64)
+def face_mask(size: int, sigma: float | None = None) -> np.ndarray:
+    """The default paste mask of an SxS crop: a feathered square (read-only, cached per feather width)."""
+    m = feather(np.ones((size, size), np.float32), sigma)
     m.setflags(write=False)
     return m
+
+
+def default_mask(size: int, inverse: np.ndarray) -> np.ndarray:
+    """The feathered square for a crop pasted through `inverse` (its feather widened for small faces)."""
+    return face_mask(size, feather_sigma(size, inverse))
 
 
 def soften(face: np.ndarray) -> np.ndarray:
@@ -106,72 +155,98 @@ def _value_scale(dtype: np.dtype) -> tuple[float, int]:
     raise ValueError(f"paste base must be uint8 or uint16, got {dtype}")
 
 
+def _warped_masks(faces: Sequence[PasteFace | DeviceFace], width: int, height: int):
+    """(face, roi, shifted inverse, warped mask [h, w] float32) of every face whose region meets the image."""
+    for face in faces:
+        size = face.restored.shape[0]
+        roi = paste_region(face.inverse, size, width, height)
+        if roi is None:
+            continue
+        x0, y0, x1, y1 = roi
+        shift = _shifted(face.inverse, x0, y0)
+        mask = default_mask(size, face.inverse) if face.mask is None else face.mask
+        if isinstance(mask, torch.Tensor):                     # a DeviceFace's mask (blend_weights of a GPU paste)
+            mask = mask.detach().float().cpu().numpy()
+        m = cv2.warpAffine(np.asarray(mask, np.float32), shift, (x1 - x0, y1 - y0), flags=cv2.INTER_LINEAR,
+                           borderMode=cv2.BORDER_CONSTANT, borderValue=0.0)
+        yield face, roi, shift, m
+
+
+def _union(rois: Sequence[tuple[int, int, int, int]]) -> tuple[int, int, int, int]:
+    return min(r[0] for r in rois), min(r[1] for r in rois), max(r[2] for r in rois), max(r[3] for r in rois)
+
+
 def paste_faces(base: np.ndarray, faces: list[PasteFace], strength: float = 1.0) -> np.ndarray:
-    """A copy of `base` [H, W, 3] (uint8 or uint16) with every face blended in by `strength` in [0, 1]."""
+    """A copy of `base` [H, W, 3] (uint8 or uint16) with every face blended in by `strength` in [0, 1] (the
+    normalised rule of the module docstring; sums over the union box of the faces' regions, not the frame)."""
     out = base.copy()
     if strength <= 0 or not faces:
         return out
     strength = min(float(strength), 1.0)
     scale, top = _value_scale(base.dtype)
     h, w = base.shape[:2]
-    done: list[tuple[tuple[int, int, int, int], np.ndarray]] = []
-    for face in faces:
-        size = face.restored.shape[0]
-        roi = paste_region(face.inverse, size, w, h)
-        if roi is None:
-            continue
-        x0, y0, x1, y1 = roi
-        shift = _shifted(face.inverse, x0, y0)
-        mask = face_mask(size) if face.mask is None else face.mask
-        m = cv2.warpAffine(mask, shift, (x1 - x0, y1 - y0), flags=cv2.INTER_LINEAR,
-                           borderMode=cv2.BORDER_CONSTANT, borderValue=0.0) * np.float32(strength)
-        win = m > _previous_mask(done, roi)
-        done.append((roi, m))
-        if not win.any():
-            continue
+    placed = list(_warped_masks(faces, w, h))
+    if not placed:
+        return out
+    ux0, uy0, ux1, uy1 = _union([roi for _, roi, _, _ in placed])
+    total = np.zeros((uy1 - uy0, ux1 - ux0), np.float32)
+    acc = np.zeros((uy1 - uy0, ux1 - ux0, 3), np.float32)
+    for face, (x0, y0, x1, y1), shift, m in placed:
         pixels = cv2.warpAffine(face.restored.astype(np.float32), shift, (x1 - x0, y1 - y0),
                                 flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
         bg = base[y0:y1, x0:x1].astype(np.float32)
-        mw = m[win][:, None]
-        blended = bg[win] + mw * (pixels[win] * np.float32(scale) - bg[win])
-        out[y0:y1, x0:x1][win] = np.clip(np.rint(blended), 0, top).astype(base.dtype)
+        total[y0 - uy0:y1 - uy0, x0 - ux0:x1 - ux0] += m
+        acc[y0 - uy0:y1 - uy0, x0 - ux0:x1 - ux0] += m[..., None] * (pixels * np.float32(scale) - bg)
+    touched = total > 0
+    bg = base[uy0:uy1, ux0:ux1].astype(np.float32)
+    ratio = np.float32(strength) / np.maximum(total, np.float32(1.0))
+    blended = bg + acc * ratio[..., None]
+    out[uy0:uy1, ux0:ux1][touched] = np.clip(np.rint(blended[touched]), 0, top).astype(base.dtype)
     return out
 
 
-def _previous_mask(done, roi) -> np.ndarray:
-    """Largest mask value of the faces pasted so far, inside `roi` (zeros where none overlaps)."""
-    x0, y0, x1, y1 = roi
-    prev = np.zeros((y1 - y0, x1 - x0), np.float32)
-    for (a0, b0, a1, b1), m in done:
-        ix0, iy0, ix1, iy1 = max(x0, a0), max(y0, b0), min(x1, a1), min(y1, b1)
-        if ix1 <= ix0 or iy1 <= iy0:
-            continue
-        dst = prev[iy0 - y0:iy1 - y0, ix0 - x0:ix1 - x0]
-        np.maximum(dst, m[iy0 - b0:iy1 - b0, ix0 - a0:ix1 - a0], out=dst)
-    return prev
+def blend_weights(shape: tuple[int, int], faces: Sequence[PasteFace | DeviceFace], strength: float = 1.0,
+                  per_face: bool = False) -> np.ndarray:
+    """The paste's final blend weights for an image of `shape` (H, W): [H, W] float32, the share of restored
+    pixels at each pixel (s * min(1, sum_i m_i)); with per_face, [F, H, W], face i's share s * m_i / max(1, sum).
+    For checking seams (`--save-mask`) and for the tests."""
+    h, w = shape[:2]
+    strength = min(max(float(strength), 0.0), 1.0)
+    total = np.zeros((h, w), np.float32)
+    placed = list(_warped_masks(faces, w, h))
+    for _, (x0, y0, x1, y1), _, m in placed:
+        total[y0:y1, x0:x1] += m
+    ratio = np.float32(strength) / np.maximum(total, np.float32(1.0))
+    if not per_face:
+        return total * ratio
+    shares = np.zeros((len(faces), h, w), np.float32)
+    index = {id(f): i for i, f in enumerate(faces)}
+    for face, (x0, y0, x1, y1), _, m in placed:
+        shares[index[id(face)], y0:y1, x0:x1] = m * ratio[y0:y1, x0:x1]
+    return shares
 
 
 def paste_faces_full_frame(base: np.ndarray, faces: list[PasteFace], strength: float = 1.0) -> np.ndarray:
-    """Upstream-like paste (full-frame warp and full-frame mask per face), kept only for comparison benchmarks."""
+    """Upstream-like paste (full-frame warp and full-frame mask per face), kept only for comparison benchmarks;
+    the same normalised blend as `paste_faces`."""
     out = base.copy()
     if strength <= 0 or not faces:
         return out
     scale, top = _value_scale(base.dtype)
     h, w = base.shape[:2]
-    full_mask = np.zeros((h, w), np.float32)
-    full_img = np.zeros((h, w, 3), np.float32)
+    total = np.zeros((h, w), np.float32)
+    acc = np.zeros((h, w, 3), np.float32)
+    bg = base.astype(np.float32)
     for face in faces:
         size = face.restored.shape[0]
-        mask = face_mask(size) if face.mask is None else face.mask
-        m = cv2.warpAffine(mask, face.inverse, (w, h), flags=cv2.INTER_LINEAR) * np.float32(min(strength, 1.0))
+        mask = default_mask(size, face.inverse) if face.mask is None else face.mask
+        m = cv2.warpAffine(np.asarray(mask, np.float32), face.inverse, (w, h), flags=cv2.INTER_LINEAR)
         px = cv2.warpAffine(face.restored.astype(np.float32), face.inverse, (w, h), flags=cv2.INTER_LINEAR,
                             borderMode=cv2.BORDER_REPLICATE)
-        win = m > full_mask
-        full_mask = np.where(win, m, full_mask)
-        full_img = np.where(win[..., None], px * np.float32(scale), full_img)
-    bg = base.astype(np.float32)
-    blended = bg + full_mask[..., None] * (full_img - bg)
-    touched = full_mask > 0
+        total += m
+        acc += m[..., None] * (px * np.float32(scale) - bg)
+    blended = bg + acc * (np.float32(min(strength, 1.0)) / np.maximum(total, np.float32(1.0)))[..., None]
+    touched = total > 0
     out[touched] = np.clip(np.rint(blended[touched]), 0, top).astype(base.dtype)
     return out
 
@@ -187,7 +262,7 @@ class DeviceFace:
 
     restored: torch.Tensor
     inverse: np.ndarray
-    mask: np.ndarray | torch.Tensor
+    mask: np.ndarray | torch.Tensor          # [S,S] float32 (`default_mask(S, inverse)` or a parse mask)
     soften: bool = False       # the host path's 3x3 smoothing of small faces
 
 
@@ -211,7 +286,7 @@ def paste_faces_device(base: np.ndarray, faces: Sequence[DeviceFace], strength: 
                        impl: str = "auto") -> np.ndarray:
     """A copy of `base` [H,W,3] uint8 with the faces pasted, computed on `device` (default: the faces' device).
 
-    Same rectangles and winner rule as `paste_faces`; sampling positions are float32 where the host path
+    Same rectangles and blend rule as `paste_faces`; sampling positions are float32 where the host path
     quantises them to 1/32 px, so the two agree within 2 grey levels. `base_device`: the same pixels already on
     that device (the runner uploaded them to cut the faces), read instead of uploading the faces' union box.
     `impl`: the `gpen_tune.ops.paste` implementation ("auto" | "triton" | "torch")."""

@@ -6,8 +6,9 @@ update), ~130 per photo of five faces, each needing the GIL: in a folder run the
 stage (H200, 20261201-042746: finish workers 87 % busy, the GPU stage blocked on them 16 % of the run). Here one
 launch does the whole union box of the image's faces: per pixel, every face whose paste rectangle holds it is
 sampled (bilinear, border-clamped for the crop and zero outside for the mask, as grid_sample with
-align_corners=True), the face with the largest mask wins (the first one on ties) and blends with the input pixel
-by its mask value, rounded half up. Same rule and rectangles as the CPU paste (`gpen_tune.face.paste`).
+align_corners=True) and the faces blend by their masks, normalised where they overlap:
+out = bg + s * sum_i m_i (face_i - bg) / max(1, sum_i m_i), rounded half up. Same rule and rectangles as the CPU
+paste (`gpen_tune.face.paste`).
 Sampling positions are float32 (the CPU path quantises them to 1/32 px): within 2 grey levels of it, like the
 PyTorch twin `paste_union_torch` (the same float32 arithmetic as tensor ops, one face at a time), which runs
 wherever Triton does not; `impl` chooses ("auto": the kernel where Triton runs on that device).
@@ -80,10 +81,11 @@ def _bilinear(plane: torch.Tensor, u: torch.Tensor, v: torch.Tensor, zero_outsid
 
 def paste_union_torch(bg: torch.Tensor, crops: torch.Tensor, masks: torch.Tensor, coefs: torch.Tensor,
                       rois: torch.Tensor, strength: float) -> torch.Tensor:
-    """The kernel's PyTorch twin: per face, the pixels of its rectangle sampled and blended where its mask wins."""
-    out = bg.float().clone()
+    """The kernel's PyTorch twin: per face, its rectangle's mask and pixels sampled and accumulated (sum of masks,
+    sum of mask * (pixel - bg)), then the normalised blend, in the kernel's order of float32 operations."""
     base = bg.float()
-    best = torch.zeros(bg.shape[:2], dtype=torch.float32, device=bg.device)
+    total = torch.zeros(bg.shape[:2], dtype=torch.float32, device=bg.device)
+    acc = torch.zeros(bg.shape, dtype=torch.float32, device=bg.device)
     rois_host, coefs_f = rois.tolist(), coefs.float()
     for f, (x0, y0, x1, y1) in enumerate(rois_host):
         if x1 <= x0 or y1 <= y0:
@@ -95,15 +97,13 @@ def paste_union_torch(bg: torch.Tensor, crops: torch.Tensor, masks: torch.Tensor
         u = c[0] * xs + c[1] * ys + c[2]
         v = c[3] * xs + c[4] * ys + c[5]
         mask = masks[0 if masks.shape[0] == 1 else f][..., None]
-        m = _bilinear(mask, u, v, zero_outside=True)[:, 0] * strength
-        prev = best[y0:y1, x0:x1].reshape(-1)
-        win = m > prev
+        m = _bilinear(mask, u, v, zero_outside=True)[:, 0]
         px = _bilinear(crops[f], u, v, zero_outside=False)
         b = base[y0:y1, x0:x1].reshape(-1, 3)
-        blended = torch.floor(b + m[:, None] * (px - b) + 0.5).clamp(0.0, 255.0)
-        region = out[y0:y1, x0:x1].reshape(-1, 3)
-        out[y0:y1, x0:x1] = torch.where(win[:, None], blended, region).view(y1 - y0, x1 - x0, 3)
-        best[y0:y1, x0:x1] = torch.where(win, m, prev).view(y1 - y0, x1 - x0)
+        total[y0:y1, x0:x1] += m.view(y1 - y0, x1 - x0)
+        acc[y0:y1, x0:x1] += (m[:, None] * (px - b)).view(y1 - y0, x1 - x0, 3)
+    ratio = float(strength) / torch.clamp(total, min=1.0)
+    out = torch.floor(base + acc * ratio[..., None] + 0.5).clamp(0.0, 255.0)
     return out.to(torch.uint8)
 
 
@@ -123,8 +123,10 @@ if triton is not None:
         b0 = tl.load(bg_ptr + offs * 3, mask=inside, other=0).to(tl.float32)
         b1 = tl.load(bg_ptr + offs * 3 + 1, mask=inside, other=0).to(tl.float32)
         b2 = tl.load(bg_ptr + offs * 3 + 2, mask=inside, other=0).to(tl.float32)
-        o0, o1, o2 = b0, b1, b2
-        best = tl.zeros([BLOCK], dtype=tl.float32)
+        a0 = tl.zeros([BLOCK], dtype=tl.float32)             # sum of m * (pixel - bg) per channel
+        a1 = tl.zeros([BLOCK], dtype=tl.float32)
+        a2 = tl.zeros([BLOCK], dtype=tl.float32)
+        total = tl.zeros([BLOCK], dtype=tl.float32)          # sum of the masks
         xf = x.to(tl.float32)
         yf = y.to(tl.float32)
         top = (size - 1).to(tl.float32)
@@ -154,8 +156,7 @@ if triton is not None:
                         ok = hit & (ju >= 0) & (ju < size) & (jv >= 0) & (jv < size)
                         wgt = (fu if dx == 1 else 1.0 - fu) * (fv if dy == 1 else 1.0 - fv)
                         m += wgt * tl.load(mbase + jv * size + ju, mask=ok, other=0.0)
-                m = m * strength
-                win = hit & (m > best)
+                win = hit & (m > 0.0)
                 # pixels: bilinear with the position clamped to the crop (border padding)
                 uc = tl.minimum(tl.maximum(u, 0.0), top)
                 vc = tl.minimum(tl.maximum(v, 0.0), top)
@@ -179,10 +180,14 @@ if triton is not None:
                         p0 += wgt * tl.load(at, mask=ok, other=0).to(tl.float32)
                         p1 += wgt * tl.load(at + 1, mask=ok, other=0).to(tl.float32)
                         p2 += wgt * tl.load(at + 2, mask=ok, other=0).to(tl.float32)
-                o0 = tl.where(win, tl.minimum(tl.maximum(tl.floor(b0 + m * (p0 - b0) + 0.5), 0.0), 255.0), o0)
-                o1 = tl.where(win, tl.minimum(tl.maximum(tl.floor(b1 + m * (p1 - b1) + 0.5), 0.0), 255.0), o1)
-                o2 = tl.where(win, tl.minimum(tl.maximum(tl.floor(b2 + m * (p2 - b2) + 0.5), 0.0), 255.0), o2)
-                best = tl.where(win, m, best)
+                a0 += tl.where(win, m * (p0 - b0), 0.0)
+                a1 += tl.where(win, m * (p1 - b1), 0.0)
+                a2 += tl.where(win, m * (p2 - b2), 0.0)
+                total += tl.where(hit, m, 0.0)
+        ratio = strength / tl.maximum(total, 1.0)
+        o0 = tl.minimum(tl.maximum(tl.floor(b0 + a0 * ratio + 0.5), 0.0), 255.0)
+        o1 = tl.minimum(tl.maximum(tl.floor(b1 + a1 * ratio + 0.5), 0.0), 255.0)
+        o2 = tl.minimum(tl.maximum(tl.floor(b2 + a2 * ratio + 0.5), 0.0), 255.0)
         tl.store(out_ptr + offs * 3, o0.to(tl.uint8), mask=inside)
         tl.store(out_ptr + offs * 3 + 1, o1.to(tl.uint8), mask=inside)
         tl.store(out_ptr + offs * 3 + 2, o2.to(tl.uint8), mask=inside)

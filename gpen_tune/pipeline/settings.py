@@ -35,13 +35,17 @@ class EnhanceSettings:
     strength: float = 1.0                # 0 = input unchanged, 1 = fully restored
     only_center_face: bool = False
     aligned: bool = False                # inputs are already aligned face crops
-    parse_mask: bool = False             # ParseNet mask instead of the feathered square
-    parse_weights: str | None = None
+    parse_mask: bool | None = None       # ParseNet mask: None = when its weights are available, True = required
+    parse_weights: str | None = None     # a ParseNet .pth (upstream's or facexlib's layout)
     batch_size: int | None = None        # faces per generator call, across images; None = the restorer's default
     device: str = "auto"
     soften_small_faces: bool = True      # upstream's 3x3 softening of faces with a box under 100 px
     paste: str = "auto"                  # "auto" | "cpu" | "gpu": where faces are pasted back (GPU: CUDA, 8-bit)
     detector_process: bool = False       # pipelined runs: the detector in a process of its own (its own GIL)
+    bg_upsampler: str | None = None      # None | "realesrnet" | "realesrgan": the frame upscaled, faces pasted on it
+    upscale: int = 2                     # 2 or 4 (with bg_upsampler)
+    bg_weights: str | None = None        # a local upscaler .pth (offline use); None = the registry file
+    tile: int = 0                        # upscaler tile size in input px (0 = whole frame)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.strength <= 1.0:
@@ -58,6 +62,12 @@ class EnhanceSettings:
             raise ValueError(f"paste must be one of {', '.join(PASTE_MODES)}, got {self.paste!r}")
         if self.det_size is not None and self.det_size < 1:
             raise ValueError(f"det_size must be >= 1 or None (native size), got {self.det_size}")
+        if self.bg_upsampler is not None and self.bg_upsampler not in ("realesrnet", "realesrgan"):
+            raise ValueError(f"bg_upsampler must be 'realesrnet' or 'realesrgan', got {self.bg_upsampler!r}")
+        if self.upscale not in (2, 4):
+            raise ValueError(f"upscale must be 2 or 4, got {self.upscale}")
+        if self.tile < 0:
+            raise ValueError(f"tile must be >= 0 (0 = whole frame), got {self.tile}")
         model_info(self.model)           # an unknown model name fails here, before anything is printed or built
 
 

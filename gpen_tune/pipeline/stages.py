@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import cv2
 import numpy as np
 import torch
 
+from gpen_tune.background.upscale import scale_inverse, upscale_alpha
 from gpen_tune.face.align import alignment, cut_faces, cut_faces_device
 from gpen_tune.face.detect import Detection, default_notify
 from gpen_tune.face.paste import (
     DeviceFace,
     PasteFace,
-    face_mask,
+    blend_weights,
+    default_mask,
     is_small_face,
     paste_faces,
     paste_faces_device,
@@ -62,7 +65,9 @@ class Stages:
         size: the generator's crop size.
         device: where the generator runs (device crops and the device paste use it).
         detector: a face detector (`gpen_tune.face.detect`), None for aligned inputs.
-        parser: a FaceParser when settings.parse_mask, else None.
+        parser: a FaceParser (`gpen_tune.face.parse.load_parser`), None for the feathered mask.
+        upscaler: a BackgroundUpscaler (`gpen_tune.background.upscale.load_upscaler`) or None.
+        save_mask: keep the paste's blend weights on the job (`job.blend_weights`) for the sink.
         face_crop: False = the upstream-like full-frame paste (comparison only).
         cut_on_device: cut the faces of device-pasted images on the device (one upload serves crop and paste).
         paste_impl: implementation of the device paste / crop kernels ("auto" | "triton" | "torch").
@@ -73,13 +78,15 @@ class Stages:
 
     def __init__(self, settings: EnhanceSettings, size: int, device: torch.device, detector: Any = None,
                  parser: Any = None, *, face_crop: bool = True, cut_on_device: bool = True,
-                 paste_impl: str = "auto", save_faces: bool = False, tracker: Any = None,
-                 notify: Callable[[str], None] = default_notify):
+                 paste_impl: str = "auto", save_faces: bool = False, tracker: Any = None, upscaler: Any = None,
+                 save_mask: bool = False, notify: Callable[[str], None] = default_notify):
         self.settings = settings
         self.size = size
         self.device = device
         self.detector = detector
         self.parser = parser
+        self.upscaler = upscaler
+        self.save_mask = save_mask
         self.face_crop = face_crop
         self.paste_impl = paste_impl
         self.save_faces = save_faces
@@ -103,7 +110,7 @@ class Stages:
         """Whether any image can take the device paste (the scheduler then keeps restored crops there)."""
         s = self.settings
         return (s.paste != "cpu" and self.device.type == "cuda" and self.face_crop and not s.aligned
-                and not s.parse_mask and self.restoring)
+                and self.upscaler is None and self.restoring)
 
     def uses_device_paste(self, job: ImageJob) -> bool:
         if not self.device_paste_possible or not job.faces or job.picture is None or job.picture.bits != 8:
@@ -217,31 +224,60 @@ class Stages:
         t = time.perf_counter()
         pic, s = job.picture, self.settings
         if not job.faces or not self.restoring:
-            job.result = pic
+            job.result = pic if self.upscaler is None else self._upscaled(pic)
         elif restored_device is not None and self.uses_device_paste(job):
             job.result = pic.with_pixels(self._paste_device(job, restored_device))
         elif s.aligned:
             job.result = pic.with_pixels(self._blend_aligned(pic, job.faces[0]))
         else:
-            masks = self.parser.masks([f.restored for f in job.faces]) if s.parse_mask else [None] * len(job.faces)
-            paste = []
-            for face, mask in zip(job.faces, masks, strict=True):
-                crop = face.restored
-                if s.soften_small_faces and is_small_face(face.detection.box):
-                    crop = soften(crop)
-                paste.append(PasteFace(crop, face.inverse, mask))
-            fn = paste_faces if self.face_crop else paste_faces_full_frame
-            job.result = pic.with_pixels(fn(pic.rgb, paste, s.strength))
+            job.result = self._paste_host(job)
         job.status = "ok" if job.faces else "no_face"
         job.add_time("paste", time.perf_counter() - t)
         return job.result
 
+    def _upscaled(self, pic: Picture) -> Picture:
+        """The whole frame through the background upscaler (a photo without faces too, as upstream)."""
+        alpha = None if pic.alpha is None else upscale_alpha(pic.alpha, self.upscaler.scale)
+        return replace(pic.with_pixels(self.upscaler.upscale(pic.rgb)), alpha=alpha)
+
+    def _paste_host(self, job: ImageJob) -> Picture:
+        """Host paste: parse masks (one batch), optional background upscale (inverses scaled to it), blend."""
+        pic, s = job.picture, self.settings
+        base, inverses, alpha = pic.rgb, [f.inverse for f in job.faces], pic.alpha
+        if self.upscaler is not None:
+            base = self.upscaler.upscale(base)
+            inverses = [scale_inverse(m, self.upscaler.scale) for m in inverses]
+            alpha = None if alpha is None else upscale_alpha(alpha, self.upscaler.scale)
+        restored = [f.restored for f in job.faces]
+        t = time.perf_counter()
+        masks = self.parser.masks(restored, inverses) if self.parser is not None else [None] * len(restored)
+        job.add_time("parse", time.perf_counter() - t)
+        paste = []
+        for face, crop, inverse, mask in zip(job.faces, restored, inverses, masks, strict=True):
+            if s.soften_small_faces and face.detection is not None and is_small_face(face.detection.box):
+                crop = soften(crop)
+            paste.append(PasteFace(crop, inverse, mask))
+        if self.save_mask:
+            job.blend_weights = blend_weights(base.shape[:2], paste, s.strength)
+        fn = paste_faces if self.face_crop else paste_faces_full_frame
+        result = pic.with_pixels(fn(base, paste, s.strength))
+        return result if alpha is pic.alpha else replace(result, alpha=alpha)
+
     def _paste_device(self, job: ImageJob, restored_device: Sequence[Any]) -> np.ndarray:
         s = self.settings
-        faces = [DeviceFace(dev, face.inverse, face_mask(dev.shape[0]),
+        inverses = [face.inverse for face in job.faces]
+        if self.parser is not None:          # one batch on the generator's device, no host sync
+            t = time.perf_counter()
+            masks = list(self.parser.masks_device(torch.stack(list(restored_device)), inverses).unbind(0))
+            job.add_time("parse", time.perf_counter() - t)
+        else:
+            masks = [default_mask(dev.shape[0], inv) for dev, inv in zip(restored_device, inverses, strict=True)]
+        faces = [DeviceFace(dev, face.inverse, mask,
                             soften=s.soften_small_faces and face.detection is not None
                             and is_small_face(face.detection.box))
-                 for face, dev in zip(job.faces, restored_device, strict=True)]
+                 for face, dev, mask in zip(job.faces, restored_device, masks, strict=True)]
+        if self.save_mask:
+            job.blend_weights = blend_weights(job.picture.rgb.shape[:2], faces, s.strength)
         stream = thread_stream(restored_device[0].device)          # off the generator's stream
         with torch.cuda.stream(stream):
             pixels = paste_faces_device(job.picture.rgb, faces, s.strength, base_device=job.image_device,
