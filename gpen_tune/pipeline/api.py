@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from gpen_tune.face.detect import BatchingDetector, default_notify, init_detector, serve
+from gpen_tune.face.parse import load_parser
 from gpen_tune.imageio import ImageReadError, Picture
 from gpen_tune.pipeline.job import ImageJob
 from gpen_tune.pipeline.outputs import OutputNaming, check_output_dir, collect_inputs, is_video, plan_outputs
@@ -72,7 +73,9 @@ class Pipeline:
         self.weights_source = getattr(getattr(restorer, "model", None), "weights_source", None)
         self._given_detector = detector
         self._detectors: dict[str, Any] = {}
-        self._parser = None
+        self._parser: Any = None
+        self._parser_loaded = False
+        self._upscaler: Any = None
 
     # -- parts built on first use ------------------------------------------------------------------------------
     def detector(self, service: str = "inline") -> Any:
@@ -88,34 +91,48 @@ class Pipeline:
 
     @property
     def parser(self) -> Any:
-        if self._parser is None:
-            from gpen_tune.face.parse import FaceParser
-
-            self._parser = FaceParser(self.device, self.settings.parse_weights)
+        """The ParseNet mask (settings.parse_mask None: when its weights are available, said once otherwise;
+        True: required; False: none) or None for the feathered mask."""
+        if not self._parser_loaded:
+            s = self.settings
+            if not s.aligned and s.strength > 0:
+                self._parser = load_parser(s.parse_mask, self.device, s.parse_weights, self.notify)
+            self._parser_loaded = True
         return self._parser
 
-    def stages(self, service: str = "inline", save_faces: bool = False, tracker: Any = None) -> Stages:
+    @property
+    def upscaler(self) -> Any:
+        """The background upscaler of settings.bg_upsampler (None when not asked for)."""
+        s = self.settings
+        if self._upscaler is None and s.bg_upsampler is not None:
+            from gpen_tune.background.upscale import load_upscaler  # optional: spandrel
+
+            self._upscaler = load_upscaler(s.bg_upsampler, s.upscale, s.bg_weights, self.device, s.tile,
+                                           self.notify)
+        return self._upscaler
+
+    def stages(self, service: str = "inline", save_faces: bool = False, tracker: Any = None,
+               save_mask: bool = False) -> Stages:
         s = self.settings
         detector = None if s.aligned else self.detector(service)
-        parser = self.parser if s.parse_mask and not s.aligned and s.strength > 0 else None
-        return Stages(s, self.size, self.device, detector, parser, face_crop=self.tune.face_crop,
+        return Stages(s, self.size, self.device, detector, self.parser, face_crop=self.tune.face_crop,
                       cut_on_device=self.cut_on_device, paste_impl=self.paste_impl, save_faces=save_faces,
-                      tracker=tracker, notify=self.notify)
+                      tracker=tracker, upscaler=self.upscaler, save_mask=save_mask, notify=self.notify)
 
     def prepare(self) -> str | None:
         """Build the detector and the parser now, so a missing weights file fails before any image; returns the
         detector's name (None for aligned inputs)."""
+        _ = self.upscaler
         if self.settings.aligned:
             return None
-        if self.settings.parse_mask and self.settings.strength > 0:
-            _ = self.parser
+        _ = self.parser
         return self.detector("inline").name
 
     # -- running -----------------------------------------------------------------------------------------------
     def run(self, source: Source, sink: Sink, *, serial: bool = False,
             config: SchedulerConfig = SchedulerConfig(), on_result: Callable[[ImageJob], None] | None = None,
             on_faces: Callable[[int], None] | None = None, save_faces: bool = False,
-            tracker: Any = None) -> RunSummary:
+            tracker: Any = None, save_mask: bool = False) -> RunSummary:
         """Every item of `source` into `sink`: the serial path inline, else the threaded scheduler.
 
         `on_result(job)` is called per finished image, `on_faces(n)` as each batch of n faces is restored (both in
@@ -123,13 +140,14 @@ class Pipeline:
         `tracker`: for an ordered source (video), called in source order between detection and alignment."""
         release = self._release_hook()
         if serial:
-            stages = self.stages("inline", save_faces, tracker)
+            stages = self.stages("inline", save_faces, tracker, save_mask)
             return run_serial(source, stages, self.restorer, sink, batch_size=self.settings.batch_size,
                               on_result=on_result, on_faces=on_faces, before_restore=release)
         if self.settings.detector_process and self.tune.lazy_detector:
             raise ValueError("--detector-process runs the detector in its own process, which --lazy-detector "
                              "cannot release: choose one")
-        stages = self.stages("process" if self.settings.detector_process else "thread", save_faces, tracker)
+        stages = self.stages("process" if self.settings.detector_process else "thread", save_faces, tracker,
+                             save_mask)
         return run_threaded(source, stages, self.restorer, sink, config, on_result=on_result, on_faces=on_faces,
                             before_restore=release)
 
@@ -160,7 +178,7 @@ class Pipeline:
         if self._parser is not None:
             self._parser.close()
         self._detectors.clear()
-        self._parser = None
+        self._parser, self._parser_loaded, self._upscaler = None, False, None
 
     def __enter__(self) -> Pipeline:
         return self
@@ -198,7 +216,7 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
             tune: TuneConfig | None = None, *, pipeline: Pipeline | None = None, recursive: bool = False,
             ext: str | None = None, suffix: str = "", name_pattern: str = "{name}{suffix}.{ext}",
             existing: str = "refuse", save_faces: bool = False, save_comparison: bool = False,
-            serial: bool | None = None, config: SchedulerConfig = SchedulerConfig(),
+            save_mask: bool = False, serial: bool | None = None, config: SchedulerConfig = SchedulerConfig(),
             on_result: Callable[[ImageJob], None] | None = None, on_faces: Callable[[int], None] | None = None,
             on_start: Callable[[int], None] | None = None, video: VideoOptions | None = None,
             notify: Callable[[str], None] = default_notify) -> EnhanceResult:
@@ -227,9 +245,9 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
     pipe = pipeline or Pipeline(settings, tune, notify=notify)
     try:
         source = FileSource([found.files[i][0] for i in photos], [found.files[i][1] for i in photos])
-        sink = FileSink(naming, save_faces, save_comparison)
+        sink = FileSink(naming, save_faces, save_comparison, save_mask)
         summary = pipe.run(source, sink, serial=len(photos) <= 1 if serial is None else serial, config=config,
-                           on_result=on_result, on_faces=on_faces, save_faces=save_faces)
+                           on_result=on_result, on_faces=on_faces, save_faces=save_faces, save_mask=save_mask)
         for job in summary.results:                      # back to the numbering of all inputs
             job.index = photos[job.index]
         for i in videos:

@@ -44,6 +44,7 @@ class ImageJob:
     meta: Any = None                     # the source item's meta, for the sink (a video frame's timestamp)
     detections: list[Detection] | None = None   # kept for an ordered step (tracking) before alignment
     video: dict[str, Any] | None = None  # a whole video's outcome (frames, faces, notes) when this job is one
+    blend_weights: np.ndarray | None = None   # [H, W] paste weights in [0, 1], kept for --save-mask
 
     @property
     def face_count(self) -> int:
@@ -58,7 +59,7 @@ class ImageJob:
     def release(self) -> None:
         """Free the pixels once written; the report keeps the rest."""
         self.picture = self.result = None
-        self.image_device = self.crops_device = None
+        self.image_device = self.crops_device = self.blend_weights = None
         for face in self.faces:
             face.crop = face.restored = None
 

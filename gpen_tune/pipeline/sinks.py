@@ -15,6 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
+from gpen_tune.face.check_images import comparison_image, weights_image
 from gpen_tune.imageio import FORMAT_TO_EXT, Picture, copy_file, to_array, write_image
 from gpen_tune.pipeline.job import ImageJob
 from gpen_tune.pipeline.outputs import OutputNaming
@@ -31,10 +32,12 @@ class FileSink:
 
     ordered = False
 
-    def __init__(self, naming: OutputNaming, save_faces: bool = False, save_comparison: bool = False):
+    def __init__(self, naming: OutputNaming, save_faces: bool = False, save_comparison: bool = False,
+                 save_mask: bool = False):
         self.naming = naming
         self.save_faces = save_faces
         self.save_comparison = save_comparison
+        self.save_mask = save_mask
 
     def write(self, job: ImageJob) -> Path:
         t = time.perf_counter()
@@ -49,6 +52,8 @@ class FileSink:
             self._faces(job, fmt)
         if self.save_comparison:
             self._comparison(job, fmt)
+        if self.save_mask and job.blend_weights is not None:
+            write_image(Picture(weights_image(job.blend_weights)), self._side_path("masks", job.stem, "PNG"), "PNG")
         job.add_time("encode", time.perf_counter() - t)
         return job.output
 
@@ -64,8 +69,8 @@ class FileSink:
                             self._side_path("faces", f"{job.stem}_face{i:02d}", fmt), fmt)
 
     def _comparison(self, job: ImageJob, fmt: str) -> None:
-        write_image(Picture(np.hstack([job.picture.rgb8(), job.result.rgb8()])),
-                    self._side_path("comparisons", job.stem, fmt), fmt)
+        write_image(Picture(comparison_image(job.picture, job.result)), self._side_path("comparisons", job.stem, fmt),
+                    fmt)
 
 
 class MemorySink:
