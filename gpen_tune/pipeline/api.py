@@ -196,6 +196,7 @@ class EnhanceResult:
     passed_over: list[str]               # folder entries that were not inputs, with the reason
     refused: list[ImageJob]              # existing outputs not replaced (no --overwrite)
     skipped: list[ImageJob]              # existing outputs kept (--skip-existing)
+    nonfinite_faces: int = 0             # faces the generator gave non-finite output for (left as the input)
 
     @property
     def jobs(self) -> list[ImageJob]:
@@ -203,7 +204,7 @@ class EnhanceResult:
 
     @property
     def failed(self) -> int:
-        return self.summary.failed + len(self.refused) + len(self.missing)
+        return self.summary.failed + len(self.refused) + len(self.missing) + (1 if self.nonfinite_faces else 0)
 
     @property
     def exit_code(self) -> int:
@@ -243,6 +244,7 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
         on_start(len(photos) + sum(_expected_frames(found.files[i][0]) for i in videos))
     own = pipeline is None
     pipe = pipeline or Pipeline(settings, tune, notify=notify)
+    nonfinite_before = pipe.restorer.nonfinite_faces
     try:
         source = FileSource([found.files[i][0] for i in photos], [found.files[i][1] for i in photos])
         sink = FileSink(naming, save_faces, save_comparison, save_mask)
@@ -262,7 +264,11 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
     finally:
         if own:
             pipe.close()
-    return EnhanceResult(summary, found.missing, found.passed_over, refused, skipped)
+    nonfinite = pipe.restorer.nonfinite_faces - nonfinite_before
+    if nonfinite:
+        notify(f"{nonfinite} faces gave a non-finite generator output and were left as the input: the weights may be "
+               "damaged (check them with `gpen-tune weights verify`)")
+    return EnhanceResult(summary, found.missing, found.passed_over, refused, skipped, nonfinite)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,6 @@ class ImageJob:
     size: tuple[int, int] | None = None  # (width, height) once decoded
     image_device: Any = None             # [H, W, 3] uint8 on the device when the faces were cut there
     crops_device: Any = None             # [F, S, S, 3] uint8 on the device: the faces cut there
-    nonfinite_faces: int = 0             # faces the generator returned non-finite for (left as the input)
     meta: Any = None                     # the source item's meta, for the sink (a video frame's timestamp)
     detections: list[Detection] | None = None   # kept for an ordered step (tracking) before alignment
     video: dict[str, Any] | None = None  # a whole video's outcome (frames, faces, notes) when this job is one
@@ -73,6 +72,5 @@ class ImageJob:
             "faces": [f.detection.to_dict() for f in self.faces if f.detection is not None],
             "n_faces": self.face_count,
             "video": self.video,
-            "nonfinite_faces": self.nonfinite_faces,
             "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
         }

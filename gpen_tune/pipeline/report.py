@@ -47,7 +47,7 @@ def summarize(result: Any, wall: float) -> dict[str, Any]:
         "not_processed": sum(j.status == "dropped" for j in jobs),
         "passed_over": list(result.passed_over),
         "faces": faces,
-        "nonfinite_faces": sum(j.nonfinite_faces for j in jobs),
+        "nonfinite_faces": result.nonfinite_faces,
         "wall_s": round(wall, 3),
         "images_per_s": round(len(jobs) / wall, 3) if wall else None,
         "faces_per_s": round(faces / wall, 3) if wall else None,
