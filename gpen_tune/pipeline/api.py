@@ -204,13 +204,13 @@ class EnhanceResult:
 
     @property
     def failed(self) -> int:
-        return self.summary.failed + len(self.refused) + len(self.missing) + (1 if self.nonfinite_faces else 0)
+        return self.summary.failed + len(self.refused) + len(self.missing)
 
     @property
     def exit_code(self) -> int:
         if self.summary.interrupted:
             return 130
-        return 1 if self.failed else 0
+        return 1 if self.failed or self.nonfinite_faces else 0
 
 
 def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, settings: EnhanceSettings | None = None,
