@@ -37,16 +37,18 @@ class AmpMode(str, Enum):
 
 
 PresetOpt = Annotated[Preset | None, typer.Option(
-    "--preset", help="Start from a named set of switches (the flags below override it); auto picks by device and "
-    "free memory.",
+    "--preset", metavar="NAME", help="auto, speed, balanced or low-memory: a set of the switches below (flags "
+    "override it).",
     rich_help_panel=PANEL, case_sensitive=False)]
 LazyDetectorOpt = Annotated[bool | None, typer.Option(
     "--lazy-detector/--no-lazy-detector", help=switch_short("lazy_detector"), rich_help_panel=PANEL,
     show_default=False)]
 CompileOpt = Annotated[CompileMode | None, typer.Option(
-    "--compile", help=switch_short("compile"), rich_help_panel=PANEL, case_sensitive=False, show_default=False)]
+    "--compile", metavar="MODE", help=switch_short("compile"), rich_help_panel=PANEL, case_sensitive=False,
+    show_default=False)]
 AmpOpt = Annotated[AmpMode | None, typer.Option(
-    "--amp", help=switch_short("amp"), rich_help_panel=PANEL, case_sensitive=False, show_default=False)]
+    "--amp", metavar="off|bf16|fp16", help=switch_short("amp"), rich_help_panel=PANEL, case_sensitive=False,
+    show_default=False)]
 CheckpointOpt = Annotated[bool | None, typer.Option(
     "--checkpoint/--no-checkpoint", help=switch_short("act_checkpoint"), rich_help_panel=PANEL, show_default=False)]
 FaceCropOpt = Annotated[bool | None, typer.Option(

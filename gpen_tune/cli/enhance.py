@@ -33,12 +33,14 @@ MODEL_PANEL = "Model and device"
 DETECT_PANEL = "Detection and alignment"
 PERF_PANEL = "Performance"
 VIDEO_PANEL = "Video"
+BG_PANEL = "Background"
 
 EXAMPLES = """
 Examples:\n
   gpen-tune enhance photo.jpg -o out/\n
   gpen-tune enhance albums/ -r -o restored/ --preset auto --report report.json\n
-  gpen-tune enhance 'scans/*.png' -o out/ -w 0.7 --ext jpg --suffix _gpen --skip-existing
+  gpen-tune enhance 'scans/*.png' -o out/ -w 0.7 --ext jpg --suffix _gpen --skip-existing\n
+  gpen-tune enhance clip.mp4 photos/ -o out/ --codec libx265
 """
 
 
@@ -47,11 +49,6 @@ class DetectorChoice(str, Enum):
     retinaface_resnet50 = "retinaface_resnet50"
     retinaface_mobile = "retinaface_mobile0.25"
     mtcnn = "mtcnn"
-
-
-class UpsamplerChoice(str, Enum):
-    realesrnet = "realesrnet"
-    realesrgan = "realesrgan"
 
 
 class TemplateChoice(str, Enum):
@@ -72,18 +69,18 @@ def _opt(*names: str, panel: str, help: str, **kw):
 
 @app.command(epilog=EXAMPLES)
 def enhance(
-    inputs: Annotated[list[str] | None, typer.Argument(help="Image files, folders or glob patterns.",
+    inputs: Annotated[list[str] | None, typer.Argument(help="Image and video files, folders or glob patterns.",
                                                        show_default=False)] = None,
     input_: Annotated[list[str] | None, _opt("-i", "--input", panel=IO_PANEL, show_default=False,
                                              help="An input, as the positional arguments (repeatable).")] = None,
     output: Annotated[Path, _opt("-o", "--output", panel=IO_PANEL, help="Output folder (created).")] = Path("out"),
     recursive: Annotated[bool, _opt("-r", "--recursive", panel=IO_PANEL, help="Descend into sub-folders.")] = False,
-    ext: Annotated[str | None, _opt("--ext", panel=IO_PANEL, help="Output format: jpg, png, webp, bmp, tiff "
-                                    "(default: as the input).")] = None,
+    ext: Annotated[str | None, _opt("--ext", panel=IO_PANEL, help="Output format: jpg, png, webp, bmp, tiff; mp4, "
+                                    "mkv, mov, webm for videos (default: as the input).")] = None,
     suffix: Annotated[str, _opt("--suffix", panel=IO_PANEL, help="Added to every output name.")] = "",
-    name_pattern: Annotated[str, _opt("--name-pattern", panel=IO_PANEL,
-                                      help="Output file name from {name}, {suffix} and {ext}.")]
-    = "{name}{suffix}.{ext}",
+    name_pattern: Annotated[str, _opt("--name-pattern", panel=IO_PANEL, show_default=False,
+                                      help="Output file name from {name}, {suffix} and {ext} "
+                                      "(default: {name}{suffix}.{ext}).")] = "{name}{suffix}.{ext}",
     overwrite: Annotated[bool, _opt("--overwrite", panel=IO_PANEL, help="Replace outputs that already exist.")]
     = False,
     skip_existing: Annotated[bool, _opt("--skip-existing", panel=IO_PANEL,
@@ -96,65 +93,64 @@ def enhance(
     save_comparison: Annotated[bool, _opt("--save-comparison", panel=IO_PANEL,
                                           help="Also write input | output side by side (OUT/comparisons/).")]
     = False,
-    strength: Annotated[float, _opt("-w", "--strength", panel=FACE_PANEL, min=0.0, max=1.0,
-                                    help="Blend of restored over original: 0 = unchanged, 1 = fully restored.")]
-    = 1.0,
-    aligned: Annotated[bool, _opt("--aligned", panel=FACE_PANEL,
-                                  help="Inputs are aligned face crops: no detection, no paste.")] = False,
-    only_center_face: Annotated[bool, _opt("--only-center-face", "--only_center_face", panel=FACE_PANEL,
-                                           help="Restore only the face closest to the image centre.")] = False,
     save_mask: Annotated[bool, _opt("--save-mask", panel=IO_PANEL,
                                     help="Also write the paste's blend weights as a grey image (OUT/masks/).")]
     = False,
+    strength: Annotated[float, _opt("-w", "--strength", panel=FACE_PANEL, metavar="0..1", show_default=False,
+                                    help="Restored over original: 0 = unchanged, 1 = restored (default).")] = 1.0,
+    aligned: Annotated[bool, _opt("--aligned", panel=FACE_PANEL, help="Inputs are aligned face crops.")] = False,
+    only_center_face: Annotated[bool, _opt("--only-center-face", panel=FACE_PANEL,
+                                           help="Restore only the face nearest the centre.")] = False,
+    only_center_face_alias: Annotated[bool, typer.Option("--only_center_face", hidden=True,
+                                                         help="GFPGAN's spelling of --only-center-face.")] = False,
     parse_mask: Annotated[bool | None, _opt("--parse-mask/--no-parse-mask", panel=FACE_PANEL, show_default=False,
-                                            help="Paste through a face-parsing mask (ParseNet); --parse-mask "
-                                            "requires it [default: on when its weights are available].")] = None,
-    parse_weights: Annotated[str | None, _opt("--parse-weights", panel=FACE_PANEL,
-                                              help="ParseNet weights file (upstream's or facexlib's).")] = None,
-    bg_upsampler: Annotated[UpsamplerChoice | None, _opt("--bg-upsampler", panel=FACE_PANEL, show_default=False,
-                                                         help="Upscale the whole photo (Real-ESRNet / "
-                                                         "Real-ESRGAN) and paste the faces onto it.")] = None,
-    upscale: Annotated[int, _opt("--upscale", panel=FACE_PANEL, min=2, max=4,
-                                 help="Background upscale factor: 2 or 4 (with --bg-upsampler).")] = 2,
-    bg_weights: Annotated[str | None, _opt("--bg-weights", panel=FACE_PANEL,
-                                           help="Upscaler weights file (offline use).")] = None,
-    tile: Annotated[int, _opt("--tile", panel=PERF_PANEL, min=0,
-                              help="Upscale in overlapping tiles of N px (0 = whole photo; less memory).")] = 0,
-    model: Annotated[str, _opt("--model", panel=MODEL_PANEL, help="GPEN-BFR-256, -512, -1024 or -2048.")]
-    = "GPEN-BFR-512",
+                                            help="Paste through ParseNet's face mask (default: when available).")]
+    = None,
+    parse_weights: Annotated[str | None, _opt("--parse-weights", panel=FACE_PANEL, metavar="PATH",
+                                              help="ParseNet weights (upstream's or facexlib's file).")] = None,
+    bg_upsampler: Annotated[str | None, _opt("--bg-upsampler", panel=BG_PANEL, metavar="KIND",
+                                             help="Upscale the photo first: realesrnet or realesrgan.")] = None,
+    upscale: Annotated[int, _opt("--upscale", panel=BG_PANEL, metavar="2|4", show_default=False,
+                                 help="Background upscale factor (default 2).")] = 2,
+    bg_weights: Annotated[str | None, _opt("--bg-weights", panel=BG_PANEL, metavar="PATH",
+                                           help="Upscaler weights file (for offline use).")] = None,
+    tile: Annotated[int, _opt("--tile", panel=BG_PANEL, metavar="PX", show_default=False,
+                              help="Upscale in overlapping tiles of PX (default 0: whole photo).")] = 0,
+    model: Annotated[str, _opt("--model", panel=MODEL_PANEL, show_default=False,
+                               help="GPEN-BFR-256, -512 (default), -1024 or -2048.")] = "GPEN-BFR-512",
     weights: Annotated[str | None, _opt("--weights", panel=MODEL_PANEL, help="A .pth file, a registry name or "
                                         "'synthetic' (default: the cached file of --model).")] = None,
-    device: Annotated[DeviceChoice, _opt("--device", panel=MODEL_PANEL, help="auto = cuda > mps > cpu.")]
-    = DeviceChoice.auto,
-    detector: Annotated[DetectorChoice, _opt("--detector", panel=DETECT_PANEL, help="auto: RetinaFace-R50 when "
-                                             "its weights are available, else the offline MTCNN.")]
-    = DetectorChoice.auto,
-    detector_weights: Annotated[str | None, _opt("--detector-weights", panel=DETECT_PANEL,
+    device: Annotated[DeviceChoice, _opt("--device", panel=MODEL_PANEL, show_default=False,
+                                         help="auto (default) = cuda > mps > cpu.")] = DeviceChoice.auto,
+    detector: Annotated[DetectorChoice, _opt("--detector", panel=DETECT_PANEL, metavar="NAME", show_default=False,
+                                             help="retinaface_resnet50, retinaface_mobile0.25, mtcnn (offline) or "
+                                             "auto (default).")] = DetectorChoice.auto,
+    detector_weights: Annotated[str | None, _opt("--detector-weights", panel=DETECT_PANEL, metavar="PATH",
                                                  help="RetinaFace weights file or URL.")] = None,
-    det_size: Annotated[int | None, _opt("--det-size", panel=DETECT_PANEL, min=0, show_default=False,
-                                         help="Detect on a copy with this long side; 0 = native size "
-                                         "[default: 1024, native with --no-face-crop].")] = None,
-    det_threshold: Annotated[float | None, _opt("--det-threshold", panel=DETECT_PANEL, min=0.0, max=1.0,
-                                                help="Minimum face score [default: 0.9].")] = None,
-    template: Annotated[TemplateChoice, _opt("--template", panel=DETECT_PANEL,
-                                             help="Alignment: gpen (upstream) or ffhq (GFPGAN).")]
+    det_size: Annotated[int | None, _opt("--det-size", panel=DETECT_PANEL, show_default=False, metavar="PX",
+                                         help="Detect on a copy with this long side, 0 = native (default 1024; "
+                                         "native with --no-face-crop).")] = None,
+    det_threshold: Annotated[float | None, _opt("--det-threshold", panel=DETECT_PANEL, metavar="0..1",
+                                                help="Minimum face score (default 0.9).")] = None,
+    template: Annotated[TemplateChoice, _opt("--template", panel=DETECT_PANEL, show_default=False,
+                                             help="Alignment: gpen (default, upstream) or ffhq (GFPGAN).")]
     = TemplateChoice.gpen,
-    batch_size: Annotated[int | None, _opt("--batch-size", panel=PERF_PANEL, min=1, show_default=False,
-                                           help="Faces per generator call [default: 32 on CUDA, 8 elsewhere].")]
+    batch_size: Annotated[int | None, _opt("--batch-size", panel=PERF_PANEL, show_default=False, metavar="N",
+                                           help="Faces per generator call (default: 32 on CUDA, 8 elsewhere).")]
     = None,
-    workers: Annotated[int | None, _opt("--workers", panel=PERF_PANEL, min=1, show_default=False,
-                                        help="Paste/encode threads [default: half the cores, 1..8].")] = None,
+    workers: Annotated[int | None, _opt("--workers", panel=PERF_PANEL, show_default=False, metavar="N",
+                                        help="Paste/encode threads (default: half the cores, 1..8).")] = None,
     serial: Annotated[bool, _opt("--serial", panel=PERF_PANEL,
                                  help="One step at a time instead of the pipelined threads.")] = False,
     detector_process: Annotated[bool, _opt("--detector-process", panel=PERF_PANEL,
                                            help="Run the detector in its own process (big folders on a GPU).")]
     = False,
-    codec: Annotated[str | None, _opt("--codec", panel=VIDEO_PANEL, help="Video encoder, e.g. libx264, libx265, "
-                                      "h264_nvenc [default: the input's codec family].")] = None,
-    crf: Annotated[float | None, _opt("--crf", panel=VIDEO_PANEL, min=0.0, help="Video quality, lower is better "
-                                      "[default: visually lossless for the codec].")] = None,
-    smooth: Annotated[bool, _opt("--smooth/--no-smooth", panel=VIDEO_PANEL,
-                                 help="Track faces and smooth their landmarks across frames.")] = True,
+    codec: Annotated[str | None, _opt("--codec", panel=VIDEO_PANEL, metavar="NAME", help="Video encoder, e.g. "
+                                      "libx264, libx265, h264_nvenc (default: the input's codec family).")] = None,
+    crf: Annotated[float | None, _opt("--crf", panel=VIDEO_PANEL, metavar="Q", help="Video quality, lower is "
+                                      "better (default: visually lossless for the codec).")] = None,
+    smooth: Annotated[bool, _opt("--smooth/--no-smooth", panel=VIDEO_PANEL, show_default=False,
+                                 help="Track faces and smooth their landmarks across frames (default: on).")] = True,
     preset: PresetOpt = None,
     lazy_detector: LazyDetectorOpt = None,
     compile: CompileOpt = None,
@@ -190,9 +186,10 @@ def enhance(
         settings = EnhanceSettings(
             model=model, weights=weights, template=template.value, detector=detector.value,
             detector_weights=detector_weights, det_size=detection_size(det_size, tune.face_crop),
-            det_threshold=det_threshold, strength=strength, only_center_face=only_center_face, aligned=aligned,
+            det_threshold=det_threshold, strength=strength, aligned=aligned,
+            only_center_face=only_center_face or only_center_face_alias,
             parse_mask=parse_mask, parse_weights=parse_weights, batch_size=batch_size, device=str(dev),
-            detector_process=detector_process, bg_upsampler=bg_upsampler.value if bg_upsampler else None,
+            detector_process=detector_process, bg_upsampler=bg_upsampler,
             upscale=upscale, bg_weights=bg_weights, tile=tile)
         if detector_process and tune.lazy_detector:
             raise ValueError("--detector-process runs the detector in its own process, which --lazy-detector "
