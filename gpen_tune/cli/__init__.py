@@ -2,7 +2,27 @@
 
 from __future__ import annotations
 
-import typer
+import os
+import signal
+import sys
+
+
+def _interrupted_at_start(signum, frame) -> None:
+    """Ctrl-C while the command is still importing: exit 130 with one line, no traceback."""
+    sys.stderr.write("\ninterrupted\n")
+    os._exit(130)
+
+
+def _started_as_the_command() -> bool:
+    """The console script or `python -m gpen_tune`, not a library import (tests, notebooks keep Ctrl-C as is)."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return name in ("gpen-tune", "__main__.py") or sys.argv[0].endswith(os.path.join("gpen_tune", "__main__.py"))
+
+
+if _started_as_the_command() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _interrupted_at_start)
+
+import typer  # noqa: E402
 
 app = typer.Typer(
     name="gpen-tune",
@@ -22,4 +42,11 @@ _register()
 
 
 def main() -> None:
-    app()
+    """The console entry point: Ctrl-C before a command's own handling starts (imports, model loading) exits
+    130 with one line instead of a traceback."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)   # from here on Ctrl-C is a KeyboardInterrupt
+    try:
+        app()
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        raise SystemExit(130) from None
