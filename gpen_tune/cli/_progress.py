@@ -17,6 +17,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from gpen_tune.pipeline.outputs import is_video
+
 
 class EnhanceProgress:
     """A bar over images and video frames whose text advances per restored face (a 29-face photo moves face by
@@ -66,6 +68,13 @@ def print_summary(out: Console, summary: dict, result: Any) -> None:
         out.print(f"[bold red]failed:[/] {line}", highlight=False, soft_wrap=True)
     for job in result.refused:
         out.print(f"[bold red]failed:[/] {job.error}", highlight=False, soft_wrap=True)
+    for job in result.summary.results:            # a whole video that failed (frames report through progress)
+        if job.status == "error" and is_video(Path(job.source)):
+            out.print(f"[bold red]failed:[/] {job.error}", highlight=False, soft_wrap=True)
+        elif job.video is not None:
+            problems = [job.video.get("decode_problems")] + [f"{job.source}: {n}" for n in job.video.get("notes", [])]
+            for line in filter(None, problems):
+                out.print(f"[yellow]video:[/] {line}", highlight=False, soft_wrap=True)
     for line in result.passed_over:
         out.print(f"[yellow]passed over:[/] {line}", highlight=False, soft_wrap=True)
     table = Table(title="gpen-tune enhance", show_header=True, header_style="bold")

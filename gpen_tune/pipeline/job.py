@@ -55,8 +55,11 @@ class ImageJob:
     def fail(self, message: str) -> None:
         self.status, self.error = "error", message
 
-    def release(self) -> None:
-        """Free the pixels once written; the report keeps the rest."""
+    def release(self, meta: bool = False) -> None:
+        """Free the pixels once written (`meta`: the source item's too, e.g. a decoded frame); the report keeps
+        the rest."""
+        if meta:
+            self.meta = None
         self.picture = self.result = None
         self.image_device = self.crops_device = self.blend_weights = None
         for face in self.faces:

@@ -113,12 +113,13 @@ def finish_and_write(stages: Stages, sink: Sink, job: ImageJob, restored: list, 
 
 
 def write_in_order(sink: Sink, job: ImageJob) -> None:
-    if job.status in ("ok", "no_face"):
-        try:
-            sink.write(job)
-        except (OSError, ValueError, RuntimeError) as e:
-            job.fail(one_line(job.source, e))
-    job.release()
+    """An ordered sink gets every job, a failed one too (a video writes that frame as it came in); then the
+    pixels are freed, the source item's meta (a decoded frame) included."""
+    try:
+        sink.write(job)
+    except (OSError, ValueError, RuntimeError) as e:
+        job.fail(one_line(job.source, e))
+    job.release(meta=True)
 
 
 def run_serial(source: Source, stages: Stages, restorer: Any, sink: Sink, *, batch_size: int | None = None,
@@ -153,9 +154,9 @@ def run_serial(source: Source, stages: Stages, restorer: Any, sink: Sink, *, bat
             for job in jobs:
                 if job.status != "error":
                     finish_and_write(stages, sink, job, [f.restored for f in job.faces])
-                    if sink.ordered:
-                        write_in_order(sink, job)
-                job.release()
+                if sink.ordered:
+                    write_in_order(sink, job)
+                job.release(meta=True)
                 results.append(job)
                 pending = pending[1:]
                 if on_result is not None:

@@ -39,7 +39,9 @@ class FileSink:
         self.save_comparison = save_comparison
         self.save_mask = save_mask
 
-    def write(self, job: ImageJob) -> Path:
+    def write(self, job: ImageJob) -> Path | None:
+        if job.status not in ("ok", "no_face"):
+            return None
         t = time.perf_counter()
         pic = job.picture
         path, fmt = self.naming.path_for(pic, job.stem)
@@ -82,5 +84,6 @@ class MemorySink:
         self.results: dict[int, np.ndarray] = {}
 
     def write(self, job: ImageJob) -> None:
-        self.results[job.index] = to_array(job.result)
+        if job.status in ("ok", "no_face"):
+            self.results[job.index] = to_array(job.result)
         return None

@@ -432,7 +432,7 @@ class _Run:
             finally:
                 self._add_time("finish_s", time.perf_counter() - t0)
             if not self.sink.ordered:
-                job.release()
+                job.release(meta=True)
             self._post(job)
 
     # -- driver -------------------------------------------------------------------------------------------------
