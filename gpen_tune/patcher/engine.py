@@ -217,7 +217,8 @@ def _plan_to(root: Path, manifest: Manifest | None, sources: dict[str, bytes], t
         for rel in old_files:
             writes[f"{PRISTINE}/{rel}"] = None
         writes[MANIFEST] = None
-        plan.remove_dirs = (*_pristine_dirs(old_files), PRISTINE)
+    dropped = [rel for rel in old_files if rel not in edited]     # their pristine copies go: so do empty folders
+    plan.remove_dirs = (*_pristine_dirs(dropped), *(() if target else (PRISTINE, STATE_DIR)))
     plan.writes = writes
     plan.expected = {rel: None if (data := now(rel)) is None else sha256(data) for rel in writes}
     return plan

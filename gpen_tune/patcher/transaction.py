@@ -184,9 +184,9 @@ def _stage(root: Path, entries: list[Entry], writes: dict[str, bytes | None], ma
             _clean_staging(root, ops, strict=True)
             for d in reversed(staged_dirs):
                 _rmdir_if_empty(root / d, ops, strict=True)
-        except OSError:
-            raise PatchError(f"{_describe(exc)}; nothing in the checkout was changed, but {root / TXN} could not be "
-                             f"removed: run apply-patches again once that is fixed") from None
+        except OSError as again:
+            raise PatchError(f"{_describe(exc)}; nothing in the checkout was changed, but {again.filename} could not "
+                             f"be removed: the next apply-patches removes it") from None
         raise PatchError(f"{_describe(exc)}; nothing was changed") from None
 
 
