@@ -194,22 +194,24 @@ def verify_file(path: str | Path, model: str | None = None, sha256: str | None =
     when `sha256` is given and differs, or when `path` is a pinned cache file (by any name) that differs from its pin.
     """
     path = Path(path).expanduser()
-    sd = read_state_dict(path, check_pin=False)  # the pin is compared below, where a requested hash overrides it
+    got = want = None
+    if path.is_file():  # hashes first: a changed pinned file is named as that, not by what torch.load makes of it
+        got = sha256_of(path)
+        want = _normalise_sha(sha256)
+        if want and got != want:
+            raise WeightsMismatchError(f"{path}: sha256 {got} differs from the requested {want}")
+        entry = pinned_entry(path)
+        if entry is not None and not want and entry[1].sha256 != got:
+            cached_info = next((m for m in MODELS.values() if m.filename == entry[0]), None)
+            raise WeightsMismatchError(mismatch_message(cached_info, entry[0], path, entry[1].sha256, got,
+                                                        requested=False))
+    sd = read_state_dict(path, check_pin=False)  # the pin was compared above, where a requested hash overrides it
     if model is not None:
         info = model_info(model)
         check_state_dict(sd, info.config, source=str(path))
         name, cfg = info.name, info.config
     else:
         name, cfg = infer_model(sd, source=str(path))
-    got = sha256_of(path)
-    want = _normalise_sha(sha256)
-    if want and got != want:
-        raise WeightsMismatchError(f"{path}: sha256 {got} differs from the requested {want}")
-    entry = pinned_entry(path)
-    if entry is not None and not want and entry[1].sha256 != got:
-        cached_info = next((m for m in MODELS.values() if m.filename == entry[0]), None)
-        raise WeightsMismatchError(mismatch_message(cached_info, entry[0], path, entry[1].sha256, got,
-                                                    requested=False))
     pin_state = pinned = None
     if name in MODELS:
         pin = pins.get_pin(MODELS[name].filename)
