@@ -1,10 +1,16 @@
 """Reading and writing photos as people have them.
 
 What happens to each kind of input (documented behaviour, tested in tests/test_imageio.py):
-  * formats in: JPEG, PNG, WebP, BMP, TIFF. Anything else (GIF, ...) is refused with a message.
+  * formats in: JPEG, PNG, WebP, BMP, TIFF. Anything else is refused with a message; GIF too (a 256-colour
+    palette format: a restored face quantised back to it loses most of what the restoration gained), with the
+    hint to convert it to PNG.
+  * one frame per file: a multi-page TIFF, an animated WebP or PNG is refused with a message naming the file
+    and its frame count (never cut to its first frame); split it into single images first.
   * EXIF orientation is applied to the pixels; the EXIF block is kept with its orientation tag reset to 1, and
-    written back (JPEG, PNG, WebP, TIFF; BMP has no EXIF). The ICC profile is carried the same way (dropped for
-    CMYK inputs, whose profile does not describe the RGB output).
+    written back (JPEG, PNG, WebP, TIFF; BMP has no EXIF). Tags that describe the source file's own layout
+    (width, height, strips, compression, ... which a TIFF's EXIF block holds) are dropped from it: written into
+    another file they would contradict its pixels. The ICC profile is carried the same way (dropped for CMYK
+    inputs, whose profile does not describe the RGB output).
   * RGBA / LA / palette with transparency: the alpha channel is kept untouched and re-attached on output
     (a JPEG output cannot hold alpha: it is dropped there; BMP readers may ignore it).
   * grayscale (L, 16-bit I;16) is processed as RGB and written back as grayscale (luma 0.299/0.587/0.114, so
@@ -43,6 +49,12 @@ EXT_TO_FORMAT = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "b
 FORMAT_TO_EXT = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "TIFF": "tiff"}
 INPUT_EXTENSIONS = tuple(EXT_TO_FORMAT)
 ORIENTATION_TAG = 0x0112
+# TIFF tags that describe how one file stores its pixels (size, samples, strips/tiles, compression, colour map,
+# ICC profile, sub-IFDs): meaningless in another file; a TIFF written with a rotated frame and the source's
+# width/height would be corrupt
+_LAYOUT_TAGS = frozenset({254, 255, 256, 257, 258, 259, 262, 263, 264, 265, 266, 273, 277, 278, 279, 280, 281, 284,
+                          288, 289, 290, 291, 292, 293, 317, 320, 322, 323, 324, 325, 330, 338, 339, 340, 341, 347,
+                          513, 514, 530, 531, 532, 34675})
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 _IMREAD_COLOR_RGB = getattr(cv2, "IMREAD_COLOR_RGB", None)   # pyproject allows OpenCV 4.8, which lacks it
 
@@ -105,7 +117,14 @@ def read_image(path: str | Path) -> Picture:
         raise ImageReadError(f"{path}: cannot read ({e})") from None
     with img:
         if img.format not in FORMAT_TO_EXT:
-            raise ImageReadError(f"{path}: unsupported format {img.format} (supported: jpg, png, webp, bmp, tiff)")
+            hint = "; convert it to PNG first" if img.format == "GIF" else ""
+            raise ImageReadError(f"{path}: unsupported format {img.format} (supported: jpg, png, webp, bmp, "
+                                 f"tiff){hint}")
+        frames = getattr(img, "n_frames", 1)
+        if frames > 1:
+            kind = "multi-page TIFF" if img.format == "TIFF" else f"animated {img.format}"
+            raise ImageReadError(f"{path}: {kind} with {frames} frames; only single-frame images are processed, "
+                                 f"split it into one file per frame first")
         w, h = img.size
         if w * h > MAX_PIXELS:
             raise ImageReadError(_too_big(path, (w, h)))
@@ -114,8 +133,16 @@ def read_image(path: str | Path) -> Picture:
         if img.mode == "CMYK":
             icc = None
         if img.format in ("PNG", "TIFF") and _is_16_bit(path, img):
-            rgb, alpha, gray = _read_16_bit(path)
+            stored = None   # OpenCV applies a TIFF's orientation itself (and fails on 5-8): decode it with 1
+            if img.format == "TIFF" and orientation not in (None, 1):
+                stored = _tiff_without_orientation(path.read_bytes())
+                if stored is None:
+                    raise ImageReadError(f"{path}: cannot read its TIFF orientation entry; convert it to PNG first")
+            rgb, alpha, gray = _read_16_bit(path, stored)
             rgb, alpha = _orient(rgb, orientation), None if alpha is None else _orient(alpha, orientation)
+            return Picture(rgb, alpha, gray, img.format, exif, icc, path)
+        if img.format == "TIFF" and orientation not in (None, 1):
+            rgb, alpha, gray = _read_oriented_tiff(path, img, orientation)
             return Picture(rgb, alpha, gray, img.format, exif, icc, path)
         fast = _decode_with_opencv(path, img)
         if fast is not None:
@@ -155,6 +182,54 @@ def _decode_with_opencv(path: Path, img: Image.Image) -> np.ndarray | None:
     return rgb
 
 
+def _read_oriented_tiff(path: Path, img: Image.Image, orientation: int) -> tuple[np.ndarray, np.ndarray | None, bool]:
+    """An 8-bit TIFF with an EXIF orientation: decoded with the orientation entry set to 1, then oriented here.
+
+    Why: Pillow applies a TIFF's orientation while loading, and for uncompressed L, RGBA, P and CMYK files with
+    orientation 5-8 its pixels come out scrambled (Pillow 13); OpenCV 5 applies it too and fails on 5-8. Reading
+    a copy whose IFD0 says orientation 1 gives the stored pixels in every mode, which `_orient` then turns."""
+    import io
+
+    data = _tiff_without_orientation(path.read_bytes())
+    if data is None:
+        raise ImageReadError(f"{path}: cannot read its TIFF orientation entry; convert it to PNG first")
+    try:
+        with Image.open(io.BytesIO(data)) as raw:
+            raw.load()
+            rgb, alpha, gray = _pixels_8_bit(raw)
+    except (OSError, SyntaxError, ValueError) as e:
+        raise ImageReadError(f"{path}: truncated or corrupt image data ({e})") from None
+    return _orient(rgb, orientation), None if alpha is None else _orient(alpha, orientation), gray
+
+
+def _tiff_without_orientation(data: bytes) -> bytes | None:
+    """The TIFF file with the value of IFD0's Orientation entry (0x0112) set to 1; None if not found."""
+    order = {b"II": "<", b"MM": ">"}.get(data[:2])
+    if order is None or len(data) < 16:
+        return None
+    magic = struct.unpack(order + "H", data[2:4])[0]
+    if magic == 42:      # classic TIFF: 4-byte offsets, 12-byte entries
+        ifd, count_fmt, entry, value_at = struct.unpack(order + "I", data[4:8])[0], "H", 12, 8
+    elif magic == 43:    # BigTIFF: 8-byte offsets, 20-byte entries
+        ifd, count_fmt, entry, value_at = struct.unpack(order + "Q", data[8:16])[0], "Q", 20, 12
+    else:
+        return None
+    head = struct.calcsize(order + count_fmt)
+    if ifd + head > len(data):
+        return None
+    n = struct.unpack(order + count_fmt, data[ifd:ifd + head])[0]
+    for i in range(n):
+        at = ifd + head + i * entry
+        if at + entry > len(data):
+            return None
+        tag, kind = struct.unpack(order + "HH", data[at:at + 4])
+        if tag == ORIENTATION_TAG and kind == 3:      # SHORT, stored in the entry itself
+            out = bytearray(data)
+            out[at + value_at:at + value_at + 2] = struct.pack(order + "H", 1)
+            return bytes(out)
+    return None
+
+
 def _too_big(path: Path, size: tuple[int, int] | None) -> str:
     dims = f"{size[0]}x{size[1]} = {size[0] * size[1] / 1e6:.0f} MP" if size else "more than 179 MP"
     return (f"{path}: image too large ({dims}; the limit is {MAX_PIXELS // 1_000_000} MP): "
@@ -162,6 +237,7 @@ def _too_big(path: Path, size: tuple[int, int] | None) -> str:
 
 
 def _exif_without_orientation(img: Image.Image) -> tuple[bytes | None, int | None]:
+    """(the EXIF block to write: orientation 1, no layout tags; the source's orientation)."""
     try:
         exif = img.getexif()
     except Exception:  # noqa: BLE001 - broken EXIF must not make the photo unreadable
@@ -170,13 +246,13 @@ def _exif_without_orientation(img: Image.Image) -> tuple[bytes | None, int | Non
         return None, None
     orientation = exif.get(ORIENTATION_TAG)
     try:
-        if orientation is None:
-            return exif.tobytes(), None
-        exif[ORIENTATION_TAG] = 1                     # the copy we write; the image keeps its own for transposing
-        try:
-            return exif.tobytes(), orientation
-        finally:
-            exif[ORIENTATION_TAG] = orientation
+        copy = Image.Exif()                           # the image keeps its own block for transposing
+        copy.load(exif.tobytes())
+        for tag in _LAYOUT_TAGS & set(copy):
+            del copy[tag]
+        if orientation is not None:
+            copy[ORIENTATION_TAG] = 1
+        return (copy.tobytes() if len(copy) else None), orientation
     except Exception:  # noqa: BLE001
         return None, orientation
 
@@ -193,9 +269,13 @@ def _is_16_bit(path: Path, img: Image.Image) -> bool:
     return any(b == 16 for b in bits if b is not None)
 
 
-def _read_16_bit(path: Path) -> tuple[np.ndarray, np.ndarray | None, bool]:
-    """16-bit pixels through OpenCV (Pillow truncates 16-bit RGB to 8 bits)."""
-    arr = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+def _read_16_bit(path: Path, data: bytes | None = None) -> tuple[np.ndarray, np.ndarray | None, bool]:
+    """16-bit pixels through OpenCV (Pillow truncates 16-bit RGB to 8 bits); `data`: the file's bytes to decode
+    instead of reading `path`."""
+    if data is None:
+        arr = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+    else:
+        arr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     if arr is None or arr.dtype != np.uint16:
         raise ImageReadError(f"{path}: truncated or corrupt 16-bit image data")
     if arr.ndim == 2:

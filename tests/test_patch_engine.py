@@ -17,7 +17,7 @@ import typer
 from typer.testing import CliRunner, Result
 
 from gpen_tune.cli import app
-from gpen_tune.patcher import PatchError, plan_apply, plan_revert, status
+from gpen_tune.patcher import FileOps, PatchError, plan_apply, plan_revert, status
 from gpen_tune.patcher.engine import MANIFEST, PRISTINE, sha256
 
 FIXTURE = Path(__file__).parent / "fixtures" / "upstream_like"
@@ -174,28 +174,36 @@ def test_refuses_a_hand_patched_file_without_manifest(checkout):
     assert result.exit_code == 1 and "face_gan.py" in result.output
 
 
+class FailAtReplace(FileOps):
+    """Fails the i-th file of the checkout put in place or deleted (not the journal's own files), from 0."""
+
+    def __init__(self, fail_at: int) -> None:
+        self.fail_at, self.done = fail_at, 0
+
+    def before(self, op, path):
+        if op in ("replace", "unlink") and "txn" not in path.parts:
+            self.done += 1
+            if self.done - 1 == self.fail_at:
+                raise OSError(30, "injected failure (read-only file system)", str(path))
+
+
 @pytest.mark.parametrize("fail_at", [0, 3, 7])
 def test_failure_mid_way_changes_nothing(checkout, fail_at):
-    def hook(i, path):
-        if i == fail_at:
-            raise OSError(30, "injected failure (read-only file system)", str(path))
-
     original = snapshot(checkout)
     plan = plan_apply(checkout)
     assert len(plan.writes) > fail_at
     with pytest.raises(PatchError, match="nothing was changed"):
-        plan.commit(step_hook=hook)
+        plan.commit(ops=FailAtReplace(fail_at))
     assert snapshot(checkout) == original            # no half-patched file, no temp file, no .gpen_tune/
 
     plan_apply(checkout, ["face-crop"]).commit()
     partly = snapshot(checkout)
     with pytest.raises(PatchError):
-        plan_apply(checkout).commit(step_hook=hook)
+        plan_apply(checkout).commit(ops=FailAtReplace(fail_at))
     assert snapshot(checkout) == partly
     revert = plan_revert(checkout)
-    last = min(fail_at, len(revert.writes) - 1)
     with pytest.raises(PatchError):
-        revert.commit(step_hook=lambda i, path: hook(fail_at, path) if i == last else None)
+        revert.commit(ops=FailAtReplace(min(fail_at, len(revert.writes) - 1)))
     assert snapshot(checkout) == partly
 
 

@@ -9,7 +9,17 @@ import typer
 
 from gpen_tune.cli import app
 from gpen_tune.cli._console import err, fail, out
-from gpen_tune.patcher import UPSTREAM_COMMIT, UPSTREAM_REPO, PatchError, parse_only, plan_apply, plan_revert, status
+from gpen_tune.patcher import (
+    UPSTREAM_COMMIT,
+    UPSTREAM_REPO,
+    PatchError,
+    Plan,
+    checkout_session,
+    parse_only,
+    plan_apply,
+    plan_revert,
+    status,
+)
 from gpen_tune.patcher.patchset import load as _load_patchset
 
 patchset = _load_patchset()
@@ -37,29 +47,22 @@ def apply_patches(
 ) -> None:
     if revert and show_status:
         raise fail("--revert and --status do not go together; run one, then the other")
+    writes = not (dry_run or show_status)
     try:
         names = parse_only(only)
-        if show_status:
-            _print_status(directory)
-            return
-        plan = plan_revert(directory, names) if revert else plan_apply(directory, names)
-    except PatchError as exc:
-        raise fail(str(exc)) from None
-    if plan.recognition is not None:
-        _say(f"{directory}: {plan.recognition.describe()}", to_err=True)
-    if plan.noop:
-        if revert:
-            _say(f"{directory}: nothing to revert (installed: {', '.join(plan.before) or 'none'})")
-        else:
-            _say(f"{directory}: already applied: {', '.join(plan.before)}; nothing to do")
-        return
-    if dry_run:
-        typer.echo(plan.diff(), nl=False)
-        _say(f"dry run: would {'revert to' if revert else 'apply'} "
-                  f"[{', '.join(plan.after) or 'upstream'}] ({len(plan.shown)} files); nothing changed")
-        return
-    try:
-        plan.commit()
+        with checkout_session(directory, write=writes, notify=lambda msg: _say(msg, to_err=True)) as recovered:
+            if recovered:
+                _say(f"{directory}: rolled back an earlier apply-patches that was interrupted", to_err=True)
+            if show_status:
+                _print_status(directory)
+                return
+            plan = plan_revert(directory, names) if revert else plan_apply(directory, names)
+            if plan.recognition is not None:
+                _say(f"{directory}: {plan.recognition.describe()}", to_err=True)
+            if not writes or plan.noop:
+                _report_unchanged(directory, plan, revert, dry_run)
+                return
+            plan.commit()
     except PatchError as exc:
         raise fail(str(exc)) from None
     for rel in plan.shown:
@@ -69,7 +72,21 @@ def apply_patches(
     else:
         added = [n for n in plan.after if n not in plan.before]
         _say(f"{directory}: applied {', '.join(added)}; installed: {', '.join(plan.after)}. Switch them on at "
-                  f"run time (demo.py --help, GPEN_TUNE_*).")
+             f"run time (demo.py --help, GPEN_TUNE_*).")
+
+
+def _report_unchanged(directory: Path, plan: Plan, revert: bool, dry_run: bool) -> None:
+    """A no-op plan, or the diff of a dry run."""
+    if plan.noop:
+        if revert:
+            _say(f"{directory}: nothing to revert (installed: {', '.join(plan.before) or 'none'})")
+        else:
+            _say(f"{directory}: already applied: {', '.join(plan.before)}; nothing to do")
+        return
+    if dry_run:
+        typer.echo(plan.diff(), nl=False)
+        _say(f"dry run: would {'revert to' if revert else 'apply'} "
+             f"[{', '.join(plan.after) or 'upstream'}] ({len(plan.shown)} files); nothing changed")
 
 
 def _say(msg: str, to_err: bool = False) -> None:

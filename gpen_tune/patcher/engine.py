@@ -4,31 +4,33 @@ Every result is computed from the pristine files (kept in `.gpen_tune/pristine/`
 first apply) with the requested patches composed in one fixed order, so applying is deterministic and
 idempotent, and a revert restores byte-identical originals. The manifest `.gpen_tune/manifest.json` records
 the installed patches and the sha256 of each original and patched file: a file changed since patching is
-refused rather than overwritten.
+refused rather than overwritten. Every path comes from the patch set and is checked (`paths`) before it is read
+or written; `checkout_session` holds the checkout's lock and rolls back an interrupted earlier run.
 """
 
 from __future__ import annotations
 
 import difflib
 import hashlib
-import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpen_tune.patcher.errors import PatchError
+from gpen_tune.patcher.lock import checkout_lock
+from gpen_tune.patcher.manifest import MANIFEST, PRISTINE, STATE_DIR, Manifest
 from gpen_tune.patcher.patchset import load as _load_patchset
+from gpen_tune.patcher.paths import read_regular, real_root, state_dir
 from gpen_tune.patcher.recognise import REQUIRED, Recognition, parse, recognise
-from gpen_tune.patcher.spec import UPSTREAM_COMMIT, UPSTREAM_REPO, EditContext, Patch
-from gpen_tune.patcher.transaction import StepHook, commit
+from gpen_tune.patcher.spec import EditContext, Patch
+from gpen_tune.patcher.transaction import JOURNAL, FileOps, commit, interrupted_message, recover
 
 patchset = _load_patchset()
 
-STATE_DIR = ".gpen_tune"
-MANIFEST = f"{STATE_DIR}/manifest.json"
-PRISTINE = f"{STATE_DIR}/pristine"
-FORMAT = 1
 MARKER = b"gpen_tune_runtime"
+EDITED = frozenset(e.path for p in patchset.ALL for e in p.edits)     # upstream files the patch set edits
+ADDED = frozenset(a.path for p in patchset.ALL for a in p.adds)       # files of ours it adds
 
 
 def sha256(data: bytes) -> str:
@@ -60,44 +62,30 @@ def parse_only(text: str | None) -> tuple[str, ...] | None:
     return names
 
 
-@dataclass
-class Manifest:
-    patches: tuple[str, ...]                       # public patches installed
-    files: dict[str, dict[str, str]]               # edited upstream file -> {pristine_sha256, patched_sha256}
-    added: dict[str, dict[str, str]]               # our file -> {patched_sha256}
+@contextmanager
+def checkout_session(root: Path, *, write: bool, notify: Callable[[str], None] | None = None) -> Iterator[bool]:
+    """Hold the checkout's lock for one command (exclusive when `write`); plan and commit inside it.
 
-    def to_json(self) -> bytes:
-        doc = {"tool": "gpen-tune apply-patches", "format": FORMAT,
-               "upstream": f"{UPSTREAM_REPO}@{UPSTREAM_COMMIT}", "patches": list(self.patches),
-               "files": self.files, "added": self.added}
-        return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
-
-    @classmethod
-    def read(cls, root: Path) -> Manifest | None:
-        path = root / MANIFEST
-        if not path.exists():
-            return None
-        try:
-            doc = json.loads(path.read_text())
-            if doc.get("format") != FORMAT:
-                raise ValueError(f"format {doc.get('format')!r}, this gpen-tune reads format {FORMAT}")
-            return cls(tuple(doc["patches"]), dict(doc["files"]), dict(doc["added"]))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise PatchError(f"{path}: unreadable manifest ({exc}); restore the upstream files (e.g. git checkout) "
-                             f"and delete {STATE_DIR}/") from None
+    For a writing command an earlier run's interrupted transaction is rolled back first; yields whether it was.
+    """
+    real = real_root(Path(root))
+    with checkout_lock(real, exclusive=write, notify=notify):
+        yield recover(real) if write else False
 
 
 @dataclass
 class Plan:
     """What an apply or revert would do; `commit()` performs it all-or-nothing."""
 
-    root: Path
+    root: Path                                     # the checkout, symlinks resolved
     action: str                                    # "apply" | "revert"
     before: tuple[str, ...]
     after: tuple[str, ...]
     writes: dict[str, bytes | None] = field(default_factory=dict)     # rel path -> bytes, None = delete
     shown: tuple[str, ...] = ()                    # paths whose change the diff shows (not .gpen_tune state)
     recognition: Recognition | None = None
+    expected: dict[str, str | None] = field(default_factory=dict)     # rel path -> sha256 when planned (None: absent)
+    remove_dirs: tuple[str, ...] = ()              # state folders to remove once empty (a full revert)
 
     @property
     def noop(self) -> bool:
@@ -106,62 +94,56 @@ class Plan:
     def diff(self) -> str:
         chunks = []
         for rel in self.shown:
-            old_path = self.root / rel
-            old = old_path.read_bytes().decode() if old_path.exists() else ""
+            old_data = read_regular(self.root, rel)
             new_data = self.writes[rel]
-            new = new_data.decode() if new_data is not None else ""
+            old = old_data.decode("utf-8", errors="replace") if old_data is not None else ""
+            new = new_data.decode("utf-8", errors="replace") if new_data is not None else ""
             chunks.append("".join(difflib.unified_diff(
                 old.splitlines(keepends=True), new.splitlines(keepends=True),
-                fromfile=f"a/{rel}" if old_path.exists() else "/dev/null",
+                fromfile=f"a/{rel}" if old_data is not None else "/dev/null",
                 tofile=f"b/{rel}" if new_data is not None else "/dev/null")))
         return "".join(chunks)
 
-    def commit(self, step_hook: StepHook | None = None) -> None:
-        commit({self.root / rel: data for rel, data in self.writes.items()}, step_hook=step_hook)
-        if self.action == "revert" and not self.after:
-            for d in (self.root / PRISTINE, self.root / STATE_DIR):
-                _remove_empty_tree(d)
-
-
-def _remove_empty_tree(d: Path) -> None:
-    if not d.is_dir():
-        return
-    for sub in sorted(d.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-        if sub.is_dir() and not any(sub.iterdir()):
-            sub.rmdir()
-    if not any(d.iterdir()):
-        d.rmdir()
+    def commit(self, ops: FileOps | None = None) -> None:
+        """All or nothing (see `gpen_tune.patcher.transaction`); `ops` is where tests inject failures."""
+        commit(self.root, self.writes, self.expected, ops=ops, remove_dirs=self.remove_dirs)
 
 
 def _check_unmodified(root: Path, manifest: Manifest) -> None:
     for rel, info in {**manifest.files, **manifest.added}.items():
         path = root / rel
-        if not path.exists():
+        data = read_regular(root, rel)
+        if data is None:
             raise PatchError(f"{path}: deleted after gpen-tune patched it; restore it (or the whole checkout) first")
-        if sha256(path.read_bytes()) != info["patched_sha256"]:
+        if sha256(data) != info["patched_sha256"]:
             raise PatchError(f"{path}: modified after gpen-tune patched it (sha256 differs from {MANIFEST}); "
                              f"move your changes aside, then copy back {PRISTINE}/{rel} or re-run "
                              f"apply-patches on a fresh checkout")
     for rel, info in manifest.files.items():
-        copy = root / PRISTINE / rel
-        if not copy.exists() or sha256(copy.read_bytes()) != info["pristine_sha256"]:
-            raise PatchError(f"{copy}: pristine copy missing or damaged; cannot revert safely, restore the upstream "
-                             f"files with git and delete {STATE_DIR}/")
+        copy = read_regular(root, f"{PRISTINE}/{rel}")
+        if copy is None or sha256(copy) != info["pristine_sha256"]:
+            raise PatchError(f"{root / PRISTINE / rel}: pristine copy missing or damaged; cannot revert safely, "
+                             f"restore the upstream files with git and delete {STATE_DIR}/")
 
 
 def _sources(root: Path, manifest: Manifest | None) -> dict[str, bytes]:
     """The pristine bytes of every file the recogniser or an edit reads."""
-    paths = set(REQUIRED) | {e.path for p in patchset.ALL for e in p.edits}
     out: dict[str, bytes] = {}
-    for rel in sorted(paths):
+    for rel in sorted(set(REQUIRED) | EDITED):
         if manifest is not None and rel in manifest.files:
-            out[rel] = (root / PRISTINE / rel).read_bytes()
-        elif (root / rel).is_file():
-            data = (root / rel).read_bytes()
-            if MARKER in data:
-                raise PatchError(f"{root / rel}: already mentions gpen_tune_runtime but {MANIFEST} does not list it "
-                                 f"(patched by hand or by another tool?); restore the upstream file first")
+            data = read_regular(root, f"{PRISTINE}/{rel}")
+            if data is None:
+                raise PatchError(f"{root / PRISTINE / rel}: pristine copy missing; restore the upstream files "
+                                 f"with git and delete {STATE_DIR}/")
             out[rel] = data
+            continue
+        data = read_regular(root, rel)
+        if data is None:
+            continue
+        if MARKER in data:
+            raise PatchError(f"{root / rel}: already mentions gpen_tune_runtime but {MANIFEST} does not list it "
+                             f"(patched by hand or by another tool?); restore the upstream file first")
+        out[rel] = data
     return out
 
 
@@ -199,20 +181,21 @@ def _plan_to(root: Path, manifest: Manifest | None, sources: dict[str, bytes], t
     plan = Plan(root, action, before, target, recognition=recognition)
     old_files = manifest.files if manifest else {}
     old_added = manifest.added if manifest else {}
-    if not target:
-        edited, added = {}, {}
-    else:
-        edited, added = render(sources, resolve(target))
+    edited, added = render(sources, resolve(target)) if target else ({}, {})
+    current: dict[str, bytes | None] = {}
+
+    def now(rel: str) -> bytes | None:          # what the checkout holds there (a symlink or folder is refused)
+        if rel not in current:
+            current[rel] = read_regular(root, rel)
+        return current[rel]
+
     writes: dict[str, bytes | None] = {}
-    for rel, data in edited.items():
-        if not (root / rel).exists() or (root / rel).read_bytes() != data:
+    for rel, data in {**edited, **added}.items():
+        if now(rel) != data:
             writes[rel] = data
     for rel in old_files:
         if rel not in edited:
             writes[rel] = sources[rel]                       # no longer edited: back to the pristine bytes
-    for rel, data in added.items():
-        if not (root / rel).exists() or (root / rel).read_bytes() != data:
-            writes[rel] = data
     for rel in old_added:
         if rel not in added:
             writes[rel] = None
@@ -234,42 +217,52 @@ def _plan_to(root: Path, manifest: Manifest | None, sources: dict[str, bytes], t
         for rel in old_files:
             writes[f"{PRISTINE}/{rel}"] = None
         writes[MANIFEST] = None
+    dropped = [rel for rel in old_files if rel not in edited]     # their pristine copies go: so do empty folders
+    plan.remove_dirs = (*_pristine_dirs(dropped), *(() if target else (PRISTINE, STATE_DIR)))
     plan.writes = writes
+    plan.expected = {rel: None if (data := now(rel)) is None else sha256(data) for rel in writes}
     return plan
 
 
-def _load(root: Path) -> tuple[Manifest | None, dict[str, bytes], Recognition]:
-    root = Path(root)
-    if not root.is_dir():
-        raise PatchError(f"{root}: not a directory; give the path of your GPEN checkout")
-    manifest = Manifest.read(root)
+def _pristine_dirs(files: Iterable[str]) -> list[str]:
+    """Folders under .gpen_tune/pristine that hold the pristine copies, deepest first."""
+    dirs = {f"{PRISTINE}/" + "/".join(rel.split("/")[:i]) for rel in files for i in range(1, rel.count("/") + 1)}
+    return sorted(dirs, key=lambda d: d.count("/"), reverse=True)
+
+
+def _load(root: Path) -> tuple[Path, Manifest | None, dict[str, bytes], Recognition]:
+    real = real_root(Path(root))
+    state_dir(real, STATE_DIR)
+    if read_regular(real, JOURNAL) is not None:
+        raise PatchError(interrupted_message(real))
+    manifest = Manifest.read(real, patchset.PUBLIC, EDITED, ADDED)
     if manifest is not None:
-        _check_unmodified(root, manifest)
-    sources = _sources(root, manifest)
-    recognition = recognise(root, sources, {rel: sha256(d) for rel, d in sources.items()})
-    return manifest, sources, recognition
+        _check_unmodified(real, manifest)
+    sources = _sources(real, manifest)
+    recognition = recognise(real, sources, {rel: sha256(d) for rel, d in sources.items()})
+    return real, manifest, sources, recognition
 
 
 def plan_apply(root: Path, only: Sequence[str] | None = None) -> Plan:
     """Install `only` (default: all six) on top of what is installed; a no-op plan if they already are."""
-    manifest, sources, recognition = _load(Path(root))
+    real, manifest, sources, recognition = _load(root)
     requested = tuple(only) if only else patchset.PUBLIC
     before = manifest.patches if manifest else ()
     target = _public(set(before) | set(requested))
     if manifest is not None and set(requested) <= set(before):
-        return Plan(Path(root), "apply", before, before, recognition=recognition)
-    return _plan_to(Path(root), manifest, sources, target, "apply", recognition)
+        return Plan(real, "apply", before, before, recognition=recognition)
+    return _plan_to(real, manifest, sources, target, "apply", recognition)
 
 
 def plan_revert(root: Path, only: Sequence[str] | None = None) -> Plan:
     """Remove `only` (default: everything); removing all restores the original bytes and deletes our state."""
-    manifest, sources, recognition = _load(Path(root))
+    real, manifest, sources, recognition = _load(root)
     if manifest is None:
-        return Plan(Path(root), "revert", (), (), recognition=recognition)
+        return Plan(real, "revert", (), (), recognition=recognition)
     target = () if not only else _public(set(manifest.patches) - set(only))
     if only and not set(only) & set(manifest.patches):
-        return Plan(Path(root), "revert", manifest.patches, manifest.patches, recognition=recognition)
-    return _plan_to(Path(root), manifest, sources, target, "revert", recognition)
+        return Plan(real, "revert", manifest.patches, manifest.patches, recognition=recognition)
+    return _plan_to(real, manifest, sources, target, "revert", recognition)
 
 
 @dataclass(frozen=True)
@@ -281,7 +274,7 @@ class Status:
 
 
 def status(root: Path) -> Status:
-    manifest, _sources_, recognition = _load(Path(root))
+    real, manifest, _sources_, recognition = _load(root)
     if manifest is None:
-        return Status(Path(root), (), recognition, ())
-    return Status(Path(root), manifest.patches, recognition, tuple(sorted({**manifest.files, **manifest.added})))
+        return Status(real, (), recognition, ())
+    return Status(real, manifest.patches, recognition, tuple(sorted({**manifest.files, **manifest.added})))

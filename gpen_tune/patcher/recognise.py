@@ -86,6 +86,12 @@ def _parse_cached(rel: str, data: bytes) -> cst.Module:
     except cst.ParserSyntaxError as exc:
         raise PatchError(f"{rel}: cannot parse it as Python ({str(exc).splitlines()[0]}); restore the upstream "
                          f"file") from None
+    except UnicodeDecodeError as exc:
+        raise PatchError(f"{rel}: not valid {exc.encoding} text (byte 0x{data[exc.start]:02x} at offset "
+                         f"{exc.start}); save it as UTF-8 or restore the upstream file, nothing was changed") from None
+    except SyntaxError as exc:  # an unknown `# coding:` declaration
+        raise PatchError(f"{rel}: cannot read it as Python source ({exc.msg}); restore the upstream file, nothing "
+                         f"was changed") from None
 
 
 def recognise(root: Path, sources: dict[str, bytes], sha256: dict[str, str]) -> Recognition:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gpen_tune.model.configs import ModelInfo, model_info
+
 
 def cache_dir() -> Path:
     """$GPEN_TUNE_HOME, else $XDG_CACHE_HOME/gpen-tune, else ~/.cache/gpen-tune (created on demand)."""
@@ -24,11 +26,18 @@ class WeightsNotFoundError(FileNotFoundError):
     """A registry model whose file is not cached; the message says how to get it."""
 
 
+def missing_message(info: ModelInfo, problem: str, url: str | None = None) -> str:
+    """One line: the file, what went wrong, where to get it and the exact path to put it at."""
+    dest = cached_file(info.filename)
+    msg = (f"{info.filename} {problem}. Download {url or info.urls[0]} yourself and put it at {dest} "
+           f"(or run `gpen-tune weights download {info.name} --file PATH`, or pass --weights PATH)")
+    if "modelscope" in info.source_note.lower():
+        msg += f"; {info.name} is {info.source_note}"
+    return msg
+
+
 def cached_file_or_error(name: str) -> Path:
     """The cached file of registry model `name`, or an error naming the file, its URL and where to put it."""
-    from gpen_tune.model.configs import model_info
-    from gpen_tune.weights.registry import missing_message
-
     info = model_info(name)
     path = cached_file(info.filename)
     if not path.is_file():

@@ -1,9 +1,11 @@
 """Stream a file over HTTP(S) into place: temp file, progress bar, timeouts, retries, Range resume, sha256, rename.
 
-Plain `urllib` (no extra dependency). The bytes go to `<dest>.part` next to `dest`; only a complete file whose
-sha256 (and optional `validate` hook) passed is moved onto `dest` with `os.replace`, so `dest` never holds a
-partial or unverified file. A `.part` left by a transient failure is resumed with an HTTP Range request next time
-(or restarted cleanly when the server ignores Range).
+Plain `urllib` (no extra dependency). The bytes go to `<dest>.part` next to `dest` (the download's own temp
+place, and nowhere else: `dest` must be a file name, never a folder); only a complete file whose sha256 (and
+optional `validate` hook) passed is moved onto `dest` with `os.replace`, so `dest` never holds a partial or
+unverified file. A failure no retry can fix, a hash mismatch or a rejected file deletes the `.part`; one left by
+a transient failure is resumed with an HTTP Range request next time (or restarted cleanly when the server ignores
+Range). `download_into` is the entry point for "this URL's file in that cache folder".
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -73,6 +76,48 @@ def download(
                          validate=validate, backoff=backoff, console=console).path
 
 
+def url_filename(url: str) -> str:
+    """The file name a URL ends in (percent-decoded); DownloadError when it names none (a folder URL)."""
+    name = urllib.parse.unquote(urllib.parse.urlparse(url).path).rsplit("/", 1)[-1]
+    try:
+        return plain_filename(name, what=url)
+    except DownloadError:
+        raise DownloadError(f"{url}: the URL names no file (it ends in {name or '/'!r}); give the URL of the file "
+                            f"itself, or a file name to save it as") from None
+
+
+def plain_filename(name: str, what: str = "file name") -> str:
+    """`name` when it is one plain file name (not empty, '.', '..', no slash or NUL), else DownloadError."""
+    if not name or name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise DownloadError(f"{what}: {name!r} is not a plain file name; nothing was downloaded")
+    return name
+
+
+def download_into(
+    folder: Path,
+    url: str,
+    filename: str | None = None,
+    *,
+    sha256: str | None = None,
+    timeout: float = 30.0,
+    retries: int = 3,
+    progress: bool = True,
+    validate: Callable[[Path], None] | None = None,
+    backoff: float = BACKOFF_S,
+) -> Path:
+    """`folder/filename` (default: the URL's file name), downloaded once: an existing file is returned as it is.
+
+    The name is checked to be one plain file name, so the file and its `.part` always stay inside `folder`.
+    Raises DownloadError (one line naming the URL and the destination).
+    """
+    name = plain_filename(filename, what=f"file name for {url}") if filename is not None else url_filename(url)
+    dest = Path(folder) / name
+    if dest.is_file():
+        return dest
+    return download_file(url, dest, sha256=sha256, timeout=timeout, retries=retries, progress=progress,
+                         validate=validate, backoff=backoff).path
+
+
 def download_file(
     url: str,
     dest: Path,
@@ -100,40 +145,60 @@ def download_file(
         DownloadError (ChecksumError for a hash mismatch), one line naming the URL and dest.
     """
     dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    plain_filename(dest.name, what=f"destination {dest}")
+    if dest.is_dir():
+        raise DownloadError(f"{dest}: is a directory; give the path of the file to write: {url}")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DownloadError(f"cannot create {dest.parent} ({_one_line(e)}): {url} -> {dest}") from None
     part = dest.with_name(dest.name + ".part")
     expected = sha256.strip().lower() if sha256 else None
     where = f"{url} -> {dest}"
-    last = "no attempt made"
-    with _folder_lock(dest.parent), _ProgressBar(dest.name, enabled=progress, console=console) as bar:
-        if expected and dest.is_file() and file_sha256(dest) == expected:
-            return Downloaded(dest, expected, dest.stat().st_size)  # another process fetched it while we waited
-        for attempt in range(retries + 1):
-            if attempt:
-                time.sleep(backoff * 2 ** (attempt - 1))
-            try:
-                digest, size = _attempt(url, part, timeout, bar)
-                break
-            except _Transient as e:
-                last = str(e)
-            except _Fatal as e:
-                raise DownloadError(f"{e}: {where}") from None
-        else:
-            kept = f"; partial data kept in {part.name} to resume" if part.exists() and part.stat().st_size else ""
-            raise DownloadError(f"download failed after {retries + 1} attempts ({last}): {where}{kept}")
-
-        if expected and digest != expected:
-            part.unlink(missing_ok=True)
-            raise ChecksumError(f"sha256 mismatch, file refused and deleted: expected {expected}, got {digest}: "
-                                f"{where}", expected=expected, got=digest)
-        if validate is not None:
-            try:
-                validate(part)
-            except Exception as e:
-                part.unlink(missing_ok=True)
-                raise DownloadError(f"downloaded file rejected ({_one_line(e)}): {where}") from None
-        os.replace(part, dest)
+    try:
+        with _folder_lock(dest.parent), _ProgressBar(dest.name, enabled=progress, console=console) as bar:
+            if expected and dest.is_file() and file_sha256(dest) == expected:
+                return Downloaded(dest, expected, dest.stat().st_size)  # another process fetched it meanwhile
+            digest, size = _fetch_part(url, part, where, timeout, retries, backoff, bar)
+            _accept_part(part, where, expected, digest, validate)
+            os.replace(part, dest)
+    except OSError as e:  # a local write failed (disk full, read-only folder): no retry can fix that
+        part.unlink(missing_ok=True)
+        raise DownloadError(f"cannot write {getattr(e, 'filename', None) or part} ({e.strerror or _one_line(e)}); "
+                            f"nothing was saved: {where}") from None
     return Downloaded(dest, digest, size)
+
+
+def _fetch_part(url: str, part: Path, where: str, timeout: float, retries: int, backoff: float,
+                bar: _ProgressBar) -> tuple[str, int]:
+    """Fill `part` with the whole body, retrying transient failures; returns (sha256, size)."""
+    last = "no attempt made"
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(backoff * 2 ** (attempt - 1))
+        try:
+            return _attempt(url, part, timeout, bar)
+        except _Transient as e:
+            last = str(e)
+        except _Fatal as e:
+            raise DownloadError(f"{e}: {where}") from None
+    kept = f"; partial data kept in {part.name} to resume" if part.exists() and part.stat().st_size else ""
+    raise DownloadError(f"download failed after {retries + 1} attempts ({last}): {where}{kept}")
+
+
+def _accept_part(part: Path, where: str, expected: str | None, digest: str,
+                 validate: Callable[[Path], None] | None) -> None:
+    """Delete `part` and raise unless its sha256 and the `validate` hook accept it."""
+    if expected and digest != expected:
+        part.unlink(missing_ok=True)
+        raise ChecksumError(f"sha256 mismatch, file refused and deleted: expected {expected}, got {digest}: "
+                            f"{where}", expected=expected, got=digest)
+    if validate is not None:
+        try:
+            validate(part)
+        except Exception as e:
+            part.unlink(missing_ok=True)
+            raise DownloadError(f"downloaded file rejected ({_one_line(e)}): {where}") from None
 
 
 @contextmanager
@@ -217,18 +282,21 @@ def _attempt(url: str, part: Path, timeout: float, bar: _ProgressBar) -> tuple[s
 
 
 def _copy(resp, f: IO[bytes], h, done: int, bar: _ProgressBar) -> int:
-    try:
-        while block := resp.read(CHUNK):
-            f.write(block)
-            h.update(block)
-            done += len(block)
-            bar.advance(len(block))
-    except http.client.IncompleteRead as e:
-        f.write(e.partial)
-        raise _Transient(f"truncated transfer after {done + len(e.partial)} bytes") from None
-    except (TimeoutError, ConnectionError, OSError) as e:
-        raise _Transient(f"read failed after {done} bytes: {_one_line(e)}") from None
-    return done
+    """Body -> `f`. A failed read is transient; a failed write (disk full) is an OSError for the caller."""
+    while True:
+        try:
+            block = resp.read(CHUNK)
+        except http.client.IncompleteRead as e:
+            f.write(e.partial)
+            raise _Transient(f"truncated transfer after {done + len(e.partial)} bytes") from None
+        except (TimeoutError, ConnectionError, OSError) as e:
+            raise _Transient(f"read failed after {done} bytes: {_one_line(e)}") from None
+        if not block:
+            return done
+        f.write(block)
+        h.update(block)
+        done += len(block)
+        bar.advance(len(block))
 
 
 def _range_start(content_range: str | None) -> int | None:

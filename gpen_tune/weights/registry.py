@@ -10,19 +10,20 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 from gpen_tune.model.configs import MODELS, GPENConfig, ModelInfo, model_info
 from gpen_tune.weights import pins
-from gpen_tune.weights.cache import WeightsNotFoundError, cache_dir, cached_file
-from gpen_tune.weights.checkpoint import CheckpointError, check_state_dict, read_state_dict
-from gpen_tune.weights.checkpoint import expected_shapes as _expected_shapes
+from gpen_tune.weights.cache import WeightsNotFoundError, cache_dir, cached_file, missing_message
+from gpen_tune.weights.checkpoint import (
+    check_state_dict,
+    describe_config,
+    infer_model,
+    match_model,
+    read_state_dict,
+)
 from gpen_tune.weights.download import ChecksumError, DownloadError, download_file, file_sha256
-
-
-class WeightsMismatchError(ValueError):
-    """A weights file whose sha256 differs from the pinned (or requested) one; the message says how to fix it."""
+from gpen_tune.weights.integrity import WeightsMismatchError, mismatch_message, pinned_entry, sha256_of
 
 
 class WeightsDownloadError(RuntimeError):
@@ -61,10 +62,6 @@ class VerifiedFile:
     pinned_sha256: str | None
 
 
-def describe_config(cfg: GPENConfig) -> str:
-    return f"size {cfg.size}, channel_multiplier {cfg.channel_multiplier}, narrow {cfg.narrow:g}"
-
-
 def list_weights() -> list[WeightsStatus]:
     """Every registry model with its cache state and pin."""
     pinned = pins.read_pins()
@@ -82,9 +79,12 @@ def list_weights() -> list[WeightsStatus]:
     return rows
 
 
-def verify_checkpoint(path: Path, cfg: GPENConfig) -> dict:
-    """Load `path` with weights_only=True and check every key and shape against `cfg`; returns the state dict."""
-    sd = read_state_dict(path)
+def verify_checkpoint(path: Path, cfg: GPENConfig, *, check_pin: bool = True) -> dict:
+    """Load `path` with weights_only=True and check every key, shape and value against `cfg`; returns the state dict.
+
+    `check_pin=False`: the caller has already compared the file's sha256 with the hash it trusts.
+    """
+    sd = read_state_dict(path, check_pin=check_pin)
     check_state_dict(sd, cfg, source=str(path))
     return sd
 
@@ -102,6 +102,8 @@ def ensure_weights(
 ) -> Path:
     """The verified cached file of registry model `name`, downloading it into `cache_dir()` when allowed.
 
+    A cached file is hashed on every call (see `gpen_tune.weights.integrity` for why there is no shortcut).
+
     Args:
         name: registry name, e.g. "GPEN-BFR-512".
         sha256: pin this hash: the file must have it (replaces an older pin). None: use the existing pin, or pin
@@ -110,7 +112,7 @@ def ensure_weights(
         url: fetch from this URL (a mirror) instead of the registry's.
     Raises:
         WeightsNotFoundError, WeightsMismatchError, WeightsDownloadError, CheckpointError (a cached file that
-        does not match its config).
+        does not match its config or holds non-finite values).
     """
     info = model_info(name)
     dest = cached_file(info.filename)
@@ -118,26 +120,22 @@ def ensure_weights(
     pin = pins.get_pin(info.filename)
 
     if dest.is_file():
-        st = dest.stat()
-        if not want and pin and st.st_size == pin.size and st.st_mtime_ns == pin.mtime_ns:
-            return dest  # hashed before and unchanged since
-        got = file_sha256(dest)
+        got = sha256_of(dest)
         if want:
             if got == want:
                 if not (pin and pin.sha256 == got):
-                    verify_checkpoint(dest, info.config)
-                    pins.set_pin(info.filename, got, st.st_size, source=str(dest), mtime_ns=st.st_mtime_ns)
+                    verify_checkpoint(dest, info.config, check_pin=False)
+                    pins.set_pin(info.filename, got, dest.stat().st_size, source=str(dest))
                 return dest
             if not download:
                 raise WeightsMismatchError(_mismatch_message(info, dest, want, got, requested=True))
         elif pin:
             if got == pin.sha256:
-                pins.touch_pin(info.filename, st.st_mtime_ns)
                 return dest
             raise WeightsMismatchError(_mismatch_message(info, dest, pin.sha256, got, requested=False))
         else:
             verify_checkpoint(dest, info.config)  # first use of a file someone put there: check, then pin
-            pins.set_pin(info.filename, got, st.st_size, source=str(dest), mtime_ns=st.st_mtime_ns)
+            pins.set_pin(info.filename, got, dest.stat().st_size, source=str(dest))
             return dest
 
     if not download:
@@ -148,7 +146,8 @@ def ensure_weights(
     for u in urls:
         try:
             got = download_file(u, dest, sha256=expected, timeout=timeout, retries=retries, progress=progress,
-                                validate=lambda p: verify_checkpoint(p, info.config), backoff=backoff)
+                                validate=lambda p: verify_checkpoint(p, info.config, check_pin=False),
+                                backoff=backoff)
         except ChecksumError as e:
             raise WeightsMismatchError(_mismatch_message(info, u, e.expected, e.got, requested=bool(want),
                                                          saved=False)) from None
@@ -156,7 +155,7 @@ def ensure_weights(
             failures.append(str(e))
             continue
         if want or not pin:
-            pins.set_pin(info.filename, got.sha256, got.size, source=u, mtime_ns=dest.stat().st_mtime_ns)
+            pins.set_pin(info.filename, got.sha256, got.size, source=u)
         return dest
     raise WeightsDownloadError(missing_message(info, "could not be downloaded: " + " | ".join(failures),
                                               url=urls[0]))
@@ -166,7 +165,7 @@ def import_weights(name: str, src: str | Path, *, sha256: str | None = None) -> 
     """Copy a local file (e.g. ModelScope's pytorch_model.pt) into the cache as `name`'s file, verified and pinned."""
     info = model_info(name)
     src = Path(src).expanduser()
-    verify_checkpoint(src, info.config)
+    verify_checkpoint(src, info.config, check_pin=False)  # the pin is compared just below
     got = file_sha256(src)
     want = _normalise_sha(sha256) or info.sha256
     pin = pins.get_pin(info.filename)
@@ -184,120 +183,49 @@ def import_weights(name: str, src: str | Path, *, sha256: str | None = None) -> 
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-    pins.set_pin(info.filename, got, dest.stat().st_size, source=str(src), mtime_ns=dest.stat().st_mtime_ns)
+    pins.set_pin(info.filename, got, dest.stat().st_size, source=str(src))
     return dest
 
 
 def verify_file(path: str | Path, model: str | None = None, sha256: str | None = None) -> VerifiedFile:
     """Check a checkpoint file: safe load, keys and shapes (against `model`, or the registry config it matches).
 
-    Raises CheckpointError when it is not a usable checkpoint, WeightsMismatchError when `sha256` is given and
-    differs, or when `path` is the cached file of its model and differs from the pin.
+    Raises CheckpointError when it is not a usable checkpoint (non-finite values included), WeightsMismatchError
+    when `sha256` is given and differs, or when `path` is a pinned cache file (by any name) that differs from its pin.
     """
     path = Path(path).expanduser()
-    sd = read_state_dict(path)
+    got = want = None
+    if path.is_file():  # hashes first: a changed pinned file is named as that, not by what torch.load makes of it
+        got = sha256_of(path)
+        want = _normalise_sha(sha256)
+        if want and got != want:
+            raise WeightsMismatchError(f"{path}: sha256 {got} differs from the requested {want}")
+        entry = pinned_entry(path)
+        if entry is not None and not want and entry[1].sha256 != got:
+            cached_info = next((m for m in MODELS.values() if m.filename == entry[0]), None)
+            raise WeightsMismatchError(mismatch_message(cached_info, entry[0], path, entry[1].sha256, got,
+                                                        requested=False))
+    sd = read_state_dict(path, check_pin=False)  # the pin was compared above, where a requested hash overrides it
     if model is not None:
         info = model_info(model)
         check_state_dict(sd, info.config, source=str(path))
         name, cfg = info.name, info.config
     else:
         name, cfg = infer_model(sd, source=str(path))
-    got = file_sha256(path)
-    want = _normalise_sha(sha256)
-    if want and got != want:
-        raise WeightsMismatchError(f"{path}: sha256 {got} differs from the requested {want}")
     pin_state = pinned = None
     if name in MODELS:
-        info = MODELS[name]
-        pin = pins.get_pin(info.filename)
+        pin = pins.get_pin(MODELS[name].filename)
         if pin:
             pinned = pin.sha256
             pin_state = "matches" if pin.sha256 == got else "differs"
-            cached = cached_file(info.filename)
-            if pin_state == "differs" and not want and cached.exists() and cached.resolve() == path.resolve():
-                raise WeightsMismatchError(_mismatch_message(info, path, pin.sha256, got, requested=False))
     params = sum(v.numel() for k, v in sd.items() if not k.endswith(".kernel"))
     return VerifiedFile(path=path, model=name, config=cfg, sha256=got, params=params, entries=len(sd),
                         pin=pin_state, pinned_sha256=pinned)
 
 
-def match_model(sd: dict) -> tuple[str, GPENConfig] | None:
-    """Registry name (or a description of a custom config) whose keys and shapes all match `sd`, else None."""
-    shapes = {k: tuple(v.shape) for k, v in sd.items()}
-    for info in MODELS.values():
-        if expected_shapes(info.config) == shapes:
-            return info.name, info.config
-    cfg = _derive_config(shapes)
-    if cfg is not None and expected_shapes(cfg) == shapes:
-        return f"custom GPEN ({describe_config(cfg)})", cfg
-    return None
-
-
-def infer_model(sd: dict, source: str = "checkpoint") -> tuple[str, GPENConfig]:
-    """Like `match_model`, but a file that matches nothing raises CheckpointError naming the closest model."""
-    found = match_model(sd)
-    if found is not None:
-        return found
-    shapes = {k: tuple(v.shape) for k, v in sd.items()}
-
-    def distance(info: ModelInfo) -> int:
-        return len(set(expected_shapes(info.config).items()) ^ set(shapes.items()))
-
-    best = min(MODELS.values(), key=distance)
-    want = expected_shapes(best.config)
-    missing = sum(k not in shapes for k in want)
-    unexpected = sum(k not in want for k in shapes)
-    wrong = sum(k in shapes and shapes[k] != v for k, v in want.items())
-    raise CheckpointError(
-        f"{source}: matches no known GPEN model ({len(shapes)} entries; closest is {best.name} with {missing} "
-        f"missing keys, {unexpected} unexpected keys, {wrong} wrong shapes); is it a GPEN generator checkpoint?"
-    )
-
-
-@lru_cache(maxsize=16)
-def expected_shapes(cfg: GPENConfig) -> dict[str, tuple[int, ...]]:
-    """Cached key -> shape table of `cfg` (building the module tree, even on 'meta', is not free)."""
-    return _expected_shapes(cfg)
-
-
-def _derive_config(shapes: dict[str, tuple[int, ...]]) -> GPENConfig | None:
-    """Guess (size, channel_multiplier, narrow) of a non-registry GPEN from a few telltale shapes."""
-    try:
-        n_ecd = 1 + max(int(k[3:].split(".")[0]) for k in shapes if k.startswith("ecd"))
-        size = 2 ** (n_ecd + 1)
-        if size > 8192:
-            return None
-        narrow = shapes["generator.input.input"][1] / 512
-        c_size = shapes["ecd0.0.0.weight"][0]
-    except (KeyError, ValueError, IndexError):
-        return None
-    for cm in (1, 2, 4):
-        try:
-            cfg = GPENConfig(size, channel_multiplier=cm, narrow=narrow)
-        except ValueError:
-            return None
-        if cfg.channels.get(size) == c_size:
-            return cfg
-    return None
-
-
-def missing_message(info: ModelInfo, problem: str, url: str | None = None) -> str:
-    """One line: the file, what went wrong, where to get it and the exact path to put it at."""
-    dest = cached_file(info.filename)
-    msg = (f"{info.filename} {problem}. Download {url or info.urls[0]} yourself and put it at {dest} "
-           f"(or run `gpen-tune weights download {info.name} --file PATH`, or pass --weights PATH)")
-    if "modelscope" in info.source_note.lower():
-        msg += f"; {info.name} is {info.source_note}"
-    return msg
-
-
 def _mismatch_message(info: ModelInfo, where: str | Path, expected: str, got: str, *, requested: bool,
                       saved: bool = True) -> str:
-    kind = "requested" if requested else f"pinned (first verified file, see {pins.pins_path()})"
-    fix = (f"if this file is the one you want, pin it with `gpen-tune weights download {info.name} --sha256 {got}`"
-           if not requested else "check the hash you passed with --sha256")
-    state = "refused" if saved else "refused, nothing written to the cache"
-    return f"{where}: sha256 {got} differs from the {kind} {expected} for {info.filename}: {state}; {fix}"
+    return mismatch_message(info, info.filename, where, expected, got, requested=requested, saved=saved)
 
 
 def _normalise_sha(sha256: str | None) -> str | None:
