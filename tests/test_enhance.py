@@ -9,13 +9,13 @@ import pytest
 import torch
 import typer
 from face_testdata import detections, mtcnn
+from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, resolve_device
 from PIL import Image
 from typer.testing import CliRunner
 
 import gpen_tune
 from gpen_tune.cli import app
 from gpen_tune.face import samples
-from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, resolve_device
 from gpen_tune.model.configs import GPENConfig
 from gpen_tune.restore.convert import to_uint8_nhwc
 

@@ -6,6 +6,7 @@ import cv2
 import numpy as np
 import pytest
 from face_testdata import detections, mtcnn
+from gpen_tune.face.pipeline import Enhancer, EnhanceSettings
 
 from gpen_tune.face.align import alignment, warp_crop
 from gpen_tune.face.paste import (
@@ -19,7 +20,6 @@ from gpen_tune.face.paste import (
     paste_region,
     soften,
 )
-from gpen_tune.face.pipeline import Enhancer, EnhanceSettings
 
 
 def identity(batch):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from gpen_tune.face.pipeline import Enhancer, EnhanceSettings
 
 from gpen_tune.face import samples
-from gpen_tune.face.pipeline import Enhancer, EnhanceSettings
 from gpen_tune.load import load_model
 from gpen_tune.model.configs import GPENConfig
 from gpen_tune.restore.buckets import BUCKETS, bucket_floor, default_batch_size, split_sizes, take

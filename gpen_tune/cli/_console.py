@@ -10,18 +10,19 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 out = Console()
 err = Console(stderr=True)
 
 
 def notice(msg: str) -> None:
-    err.print(f"[bold yellow]notice:[/] {msg}", highlight=False, soft_wrap=True)
+    err.print(f"[bold yellow]notice:[/] {escape(msg)}", highlight=False, soft_wrap=True)
 
 
 def fail(msg: str, code: int = 1) -> typer.Exit:
     """Print a one-line error and return the Exit to raise: `raise fail('...')`."""
-    err.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
     sys.stderr.flush()
     return typer.Exit(code)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -51,7 +52,8 @@ class EnhanceProgress:
     def image_done(self, job: Any) -> None:
         self.images += 1
         if job.status == "error":
-            self.progress.console.print(f"[bold red]failed:[/] {job.error}", highlight=False, soft_wrap=True)
+            self.progress.console.print(f"[bold red]failed:[/] {escape(str(job.error))}", highlight=False,
+                                        soft_wrap=True)
         self._update(advance=1, current=Path(job.source).name)
 
     def __enter__(self) -> EnhanceProgress:
@@ -65,18 +67,18 @@ class EnhanceProgress:
 def print_summary(out: Console, summary: dict, result: Any) -> None:
     """The run's counts, the switches that ran, and the per-stage timings."""
     for line in result.missing:
-        out.print(f"[bold red]failed:[/] {line}", highlight=False, soft_wrap=True)
+        out.print(f"[bold red]failed:[/] {escape(line)}", highlight=False, soft_wrap=True)
     for job in result.refused:
-        out.print(f"[bold red]failed:[/] {job.error}", highlight=False, soft_wrap=True)
+        out.print(f"[bold red]failed:[/] {escape(str(job.error))}", highlight=False, soft_wrap=True)
     for job in result.summary.results:            # a whole video that failed (frames report through progress)
         if job.status == "error" and is_video(Path(job.source)):
-            out.print(f"[bold red]failed:[/] {job.error}", highlight=False, soft_wrap=True)
+            out.print(f"[bold red]failed:[/] {escape(str(job.error))}", highlight=False, soft_wrap=True)
         elif job.video is not None:
             problems = [job.video.get("decode_problems")] + [f"{job.source}: {n}" for n in job.video.get("notes", [])]
             for line in filter(None, problems):
-                out.print(f"[yellow]video:[/] {line}", highlight=False, soft_wrap=True)
+                out.print(f"[yellow]video:[/] {escape(line)}", highlight=False, soft_wrap=True)
     for line in result.passed_over:
-        out.print(f"[yellow]passed over:[/] {line}", highlight=False, soft_wrap=True)
+        out.print(f"[yellow]passed over:[/] {escape(line)}", highlight=False, soft_wrap=True)
     table = Table(title="gpen-tune enhance", show_header=True, header_style="bold")
     table.add_column("")
     table.add_column("value", justify="right")

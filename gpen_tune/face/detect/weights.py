@@ -10,8 +10,9 @@ import threading
 from pathlib import Path
 from urllib.parse import urlparse
 
+from gpen_tune.face.detect.base import DetectorError
 from gpen_tune.weights.cache import cache_dir
-from gpen_tune.weights.download import download
+from gpen_tune.weights.download import DownloadError, download_into
 
 REACH_TIMEOUT_S = 3.0            # `auto` never waits longer than this to learn that it is offline
 
@@ -28,12 +29,12 @@ def detector_cache_dir() -> Path:
 
 
 def fetch_weights(url: str, filename: str | None = None, timeout: float = 30.0, retries: int = 3) -> Path:
-    """A file from `url` in `cache_dir()/detectors/` (downloaded once, through gpen_tune's own downloader)."""
-    dest = detector_cache_dir() / (filename or Path(urlparse(url).path).name)
-    if dest.is_file():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    return download(url, dest, timeout=timeout, retries=retries)
+    """A file from `url` in `cache_dir()/detectors/` (downloaded once, through gpen_tune's own downloader: the
+    name is one plain file name and a failed download leaves nothing outside its own `.part`)."""
+    try:
+        return download_into(detector_cache_dir(), url, filename, timeout=timeout, retries=retries)
+    except DownloadError as e:
+        raise DetectorError(str(e)) from None
 
 
 def is_url(weights: str | Path | None) -> bool:
