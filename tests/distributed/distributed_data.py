@@ -17,6 +17,7 @@ from gpen_tune.restore import Restorer
 
 MODEL = "GPEN-BFR-256"
 BROKEN = "broken.png"
+EXT = "png"          # lossless outputs: a 1-level difference before a JPEG encode can become 2 after it
 
 
 def mixed_folder(folder: Path) -> Path:

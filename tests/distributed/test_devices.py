@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from distributed_data import (
     BROKEN,
+    EXT,
     LosesDevice,
     WaitsForLoss,
     assert_same_outputs,
@@ -33,7 +34,7 @@ def plain(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray], dict[str, str]
     """The mixed folder through one pipeline: (input folder, outputs, status per input)."""
     tmp = tmp_path_factory.mktemp("plain")
     folder = mixed_folder(tmp / "in")
-    result = enhance([folder], tmp / "out", settings())
+    result = enhance([folder], tmp / "out", settings(), ext=EXT)
     return folder, read_outputs(tmp / "out"), {Path(j.source).name: j.status for j in result.jobs}
 
 
@@ -44,7 +45,7 @@ def statuses(result) -> dict[str, str]:
 def test_two_devices_equal_one(plain, tmp_path: Path) -> None:
     folder, outputs, status = plain
     with DevicePool(settings(), devices=["cpu", "cpu"]) as pool:
-        result = enhance([folder], tmp_path / "out", pipeline=pool)
+        result = enhance([folder], tmp_path / "out", ext=EXT, pipeline=pool)
         lanes = pool.device_summary()
     assert_same_outputs(read_outputs(tmp_path / "out"), outputs)
     assert statuses(result) == status and status[BROKEN] == "error" and status["wall.png"] == "no_face"
@@ -61,9 +62,9 @@ def test_lost_device_work_is_retried_on_the_other(plain, tmp_path: Path) -> None
     lost = threading.Event()
     restorers = [LosesDevice(after=0, lost=lost), WaitsForLoss(lost)]
     with DevicePool(settings(), devices=["cpu", "cpu"], restorers=restorers) as pool:
-        result = enhance([folder], tmp_path / "out", pipeline=pool, config=SMALL)
+        result = enhance([folder], tmp_path / "out", ext=EXT, pipeline=pool, config=SMALL)
         first, second = pool.device_summary()
-        again = enhance([folder / "astronaut.png"], tmp_path / "again", pipeline=pool)   # the lost one is left out
+        again = enhance([folder / "astronaut.png"], tmp_path / "again", ext=EXT, pipeline=pool)   # one device now
         first_again, second_again = pool.device_summary()
     assert_same_outputs(read_outputs(tmp_path / "out"), outputs)
     assert statuses(result) == status
@@ -77,7 +78,7 @@ def test_every_device_lost_fails_each_input_in_one_line(tmp_path: Path) -> None:
     folder = mixed_folder(tmp_path / "in")
     restorers = [LosesDevice(after=0), LosesDevice(after=0)]
     with DevicePool(settings(), devices=["cpu", "cpu"], restorers=restorers) as pool:
-        result = enhance([folder], tmp_path / "out", pipeline=pool, serial=True)
+        result = enhance([folder], tmp_path / "out", ext=EXT, pipeline=pool, serial=True)
     by_name = {Path(j.source).name: j for j in result.jobs}
     assert by_name["wall.png"].status == "no_face"                       # nothing for a device to do
     for name in ("astronaut.png", "hopper.jpg", "mosaic.png"):
