@@ -13,9 +13,10 @@ the object store than shipping decoded pixels; decoding is deterministic, so the
 calls the same code as the plain run (`Stages.prepare`, `Restorer.restore_crops`, `Stages.finish`, `FileSink`),
 so the outputs equal the plain run's; a bad file fails in its row, alone, with the plain run's one line.
 
-Fault tolerance is Ray's: actors are restarted (`max_restarts`) and their tasks retried (`max_task_retries`); a
-retried finish task writes the same file again through a temp name + rename (local) or temp object + move
-(pyarrow filesystems), so a killed worker never leaves a partial output. OUT is a local folder or any URL
+Fault tolerance is Ray Data's: an actor of a pool that dies is restarted and its task retried (Ray Data's
+defaults for actor pools, unlimited restarts and task retries, are kept); a retried finish task writes the same
+file again through a temp name + rename (local) or a temp object + move (pyarrow filesystems), so a killed worker
+never leaves a partial output. OUT is a local folder or any URL
 `pyarrow.fs.FileSystem.from_uri` understands (s3://, gs://, hdfs://, file://). Inputs are local paths (on a
 cluster: a filesystem every node mounts at the same path). Videos run without --ray (a video needs its frames in
 order through one tracker and one encoder).
@@ -68,7 +69,6 @@ class RayOptions:
     concurrency: restore actors (one per GPU). batch_size: images per restore call (their faces are restored in
     the restorer's batches of `settings.batch_size`). cpu_concurrency: prepare actors and finish actors each
     (None: the CPUs left over, halved). cpus_per_actor: CPUs Ray reserves for each actor.
-    max_restarts / max_task_retries: how often a dead actor is restarted and its task retried.
     """
 
     address: str | None = None
@@ -78,8 +78,6 @@ class RayOptions:
     batch_size: int = 8
     cpu_concurrency: int | None = None
     cpus_per_actor: float = 1.0
-    max_restarts: int = 4
-    max_task_retries: int = 4
 
 
 # ---------------------------------------------------------------------------------------------------- stages
@@ -339,17 +337,18 @@ def _run_dataset(ray: Any, rows: list[dict[str, Any]], settings: EnhanceSettings
         return []
     cpu_actors = options.cpu_concurrency or max(1, int(ray.available_resources().get("CPU", 2) - options.concurrency)
                                                 // 2)
-    retry = {"max_restarts": options.max_restarts, "max_task_retries": options.max_task_retries}
+    def pool(n: int) -> Any:
+        return ray.data.ActorPoolStrategy(size=n)
+
     common = {"batch_format": "pyarrow", "fn_constructor_kwargs": {"settings": settings, "tune": tune}}
     ds = ray.data.from_items(rows, override_num_blocks=min(len(rows), 2000))
-    ds = ds.map_batches(Prepare, batch_size=1, concurrency=cpu_actors, num_cpus=options.cpus_per_actor,
-                        **common, **retry)
-    ds = ds.map_batches(Restore, batch_size=options.batch_size, concurrency=options.concurrency,
-                        num_gpus=options.num_gpus_per_actor, num_cpus=options.cpus_per_actor, **common, **retry)
+    ds = ds.map_batches(Prepare, batch_size=1, compute=pool(cpu_actors), num_cpus=options.cpus_per_actor, **common)
+    ds = ds.map_batches(Restore, batch_size=options.batch_size, compute=pool(options.concurrency),
+                        num_gpus=options.num_gpus_per_actor, num_cpus=options.cpus_per_actor, **common)
     finish_args = {**common["fn_constructor_kwargs"], "naming": naming, "remote": remote, "save_faces": save_faces,
                    "save_comparison": save_comparison}
-    ds = ds.map_batches(Finish, batch_size=1, concurrency=cpu_actors, num_cpus=options.cpus_per_actor,
-                        batch_format="pyarrow", fn_constructor_kwargs=finish_args, **retry)
+    ds = ds.map_batches(Finish, batch_size=1, compute=pool(cpu_actors), num_cpus=options.cpus_per_actor,
+                        batch_format="pyarrow", fn_constructor_kwargs=finish_args)
     jobs: dict[int, ImageJob] = {}
     for row in ds.iter_rows():
         job = _job_from_row(row)
