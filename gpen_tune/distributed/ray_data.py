@@ -30,7 +30,7 @@ import pickle
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,16 +65,19 @@ class RayOptions:
     """How the dataset is spread. Sizing: docs/ray.md.
 
     address: a running cluster ("auto", "ray://host:10001"); None starts a local Ray with `num_cpus`.
-    num_gpus_per_actor: GPUs of one restore actor (1 for GPEN-512 bf16; 0 runs it on CPUs, e.g. in tests).
-    concurrency: restore actors (one per GPU). batch_size: images per restore call (their faces are restored in
-    the restorer's batches of `settings.batch_size`). cpu_concurrency: prepare actors and finish actors each
-    (None: the CPUs left over, halved). cpus_per_actor: CPUs Ray reserves for each actor.
+    num_gpus_per_actor: GPUs of one restore actor (1 for GPEN-512 bf16; 0 runs it on the CPU, e.g. in tests); the
+    restore actors run on "cuda" when it is above 0, else on "cpu".
+    concurrency: restore actors (None: the cluster's GPUs / num_gpus_per_actor, at least 1).
+    batch_size: images per restore call (their faces are restored in the restorer's batches of
+    `settings.batch_size`). cpu_concurrency: prepare actors and finish actors each
+    (None: the CPUs left over, halved). cpus_per_actor: CPUs Ray reserves for each actor (lowered so that all
+    the actors fit in the cluster's CPUs).
     """
 
     address: str | None = None
     num_cpus: int | None = None
     num_gpus_per_actor: float = 1.0
-    concurrency: int = 1
+    concurrency: int | None = None
     batch_size: int = 8
     cpu_concurrency: int | None = None
     cpus_per_actor: float = 1.0
@@ -326,7 +329,7 @@ def ray_enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, s
         if started:
             ray.shutdown()
     summary = RunSummary(sorted(results + videos, key=lambda j: j.index), time.perf_counter() - t0, False,
-                         {"mode": "ray", "restore_actors": options.concurrency})
+                         {"mode": "ray"})
     return EnhanceResult(summary, found.missing, found.passed_over, refused, skipped)
 
 
@@ -335,19 +338,24 @@ def _run_dataset(ray: Any, rows: list[dict[str, Any]], settings: EnhanceSettings
                  save_comparison: bool, on_result: Callable[[ImageJob], None] | None) -> list[ImageJob]:
     if not rows:
         return []
-    cpu_actors = options.cpu_concurrency or max(1, int(ray.available_resources().get("CPU", 2) - options.concurrency)
-                                                // 2)
+    resources = ray.cluster_resources()
+    gpus = options.num_gpus_per_actor
+    restore_actors = options.concurrency or max(1, int(resources.get("GPU", 0) // gpus) if gpus else 1)
+    cpus = resources.get("CPU", 1.0)
+    cpu_actors = options.cpu_concurrency or max(1, int(cpus - restore_actors) // 2)
+    per_actor = min(options.cpus_per_actor, cpus / (restore_actors + 2 * cpu_actors))
+    settings = replace(settings, device="cuda" if gpus else "cpu")
     def pool(n: int) -> Any:
         return ray.data.ActorPoolStrategy(size=n)
 
     common = {"batch_format": "pyarrow", "fn_constructor_kwargs": {"settings": settings, "tune": tune}}
     ds = ray.data.from_items(rows, override_num_blocks=min(len(rows), 2000))
-    ds = ds.map_batches(Prepare, batch_size=1, compute=pool(cpu_actors), num_cpus=options.cpus_per_actor, **common)
-    ds = ds.map_batches(Restore, batch_size=options.batch_size, compute=pool(options.concurrency),
-                        num_gpus=options.num_gpus_per_actor, num_cpus=options.cpus_per_actor, **common)
+    ds = ds.map_batches(Prepare, batch_size=1, compute=pool(cpu_actors), num_cpus=per_actor, **common)
+    ds = ds.map_batches(Restore, batch_size=options.batch_size, compute=pool(restore_actors), num_gpus=gpus or None,
+                        num_cpus=per_actor, **common)
     finish_args = {**common["fn_constructor_kwargs"], "naming": naming, "remote": remote, "save_faces": save_faces,
                    "save_comparison": save_comparison}
-    ds = ds.map_batches(Finish, batch_size=1, compute=pool(cpu_actors), num_cpus=options.cpus_per_actor,
+    ds = ds.map_batches(Finish, batch_size=1, compute=pool(cpu_actors), num_cpus=per_actor,
                         batch_format="pyarrow", fn_constructor_kwargs=finish_args)
     jobs: dict[int, ImageJob] = {}
     for row in ds.iter_rows():
