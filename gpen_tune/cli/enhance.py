@@ -72,7 +72,8 @@ def enhance(
                                                        show_default=False)] = None,
     input_: Annotated[list[str] | None, _opt("-i", "--input", panel=IO_PANEL, show_default=False,
                                              help="An input, as the positional arguments (repeatable).")] = None,
-    output: Annotated[str, _opt("-o", "--output", panel=IO_PANEL, help="Output folder (created).")] = "out",
+    output: Annotated[str, _opt("-o", "--output", panel=IO_PANEL, help="Output folder (created); with --ray also a "
+                                       "URL such as s3://bucket/out.")] = "out",
     recursive: Annotated[bool, _opt("-r", "--recursive", panel=IO_PANEL, help="Descend into sub-folders.")] = False,
     ext: Annotated[str | None, _opt("--ext", panel=IO_PANEL, help="Output format: jpg, png, webp, bmp, tiff "
                                     "(default: as the input).")] = None,
