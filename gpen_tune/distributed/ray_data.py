@@ -41,7 +41,7 @@ from gpen_tune.pipeline.api import EnhanceResult
 from gpen_tune.pipeline.job import FaceCrop, ImageJob
 from gpen_tune.pipeline.outputs import OutputNaming, check_output_dir, collect_inputs, is_video, plan_outputs
 from gpen_tune.pipeline.scheduler import RunSummary
-from gpen_tune.pipeline.settings import EnhanceSettings
+from gpen_tune.pipeline.settings import EnhanceSettings, resolve_weights
 from gpen_tune.tune.options import TuneConfig
 
 RAY_MISSING = "--ray needs Ray: pip install 'gpen-tune[ray]'"
@@ -122,8 +122,9 @@ class Prepare:
         self.stages.prepare(jobs, [lambda p=r["path"]: p for r in rows])
         for row, job in zip(rows, jobs, strict=True):
             faces = job.faces
+            crops = self.stages.crops(job) if job.status != "error" else []    # none when strength is 0
             row.update(status=job.status, error=job.error, timings=_timings(job), faces=pickle.dumps({
-                "crops": [f.crop for f in faces], "affine": [f.affine for f in faces],
+                "crops": crops, "affine": [f.affine for f in faces],
                 "inverse": [f.inverse for f in faces],
                 "det": [None if f.detection is None else (f.detection.box, f.detection.score, f.detection.landmarks)
                         for f in faces]}))
@@ -207,9 +208,9 @@ class Finish:
                 job.picture = read_image(row["path"])
                 job.size = job.picture.size
                 job.add_time("decode", time.perf_counter() - t)
+                crops = pack["crops"] or [None] * len(pack["det"])
                 job.faces = [FaceCrop(c, a, i, None if d is None else Detection(*d))
-                             for c, a, i, d in zip(pack["crops"], pack["affine"], pack["inverse"], pack["det"],
-                                                   strict=True)]
+                             for c, a, i, d in zip(crops, pack["affine"], pack["inverse"], pack["det"], strict=True)]
                 self.stages.finish(job, pack.get("restored", []))
                 written = self.sink.write(job)
                 row["output"] = str(self._publish(written) if self.remote else written)
@@ -297,6 +298,8 @@ def ray_enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, s
     initialised (or `options.address`'s cluster) is left running."""
     ray = import_ray()
     settings = settings or EnhanceSettings()
+    # the weights as this machine sees them (the plain run's notice when synthetic); the nodes need the same file
+    settings = replace(settings, weights=resolve_weights(settings, notify))
     tune = tune or TuneConfig()
     names = [inputs] if isinstance(inputs, str | Path) else list(inputs)
     found = collect_inputs([str(n) for n in names], recursive)
@@ -323,21 +326,25 @@ def ray_enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, s
     t0 = time.perf_counter()
     try:
         rows = [{"index": i, "path": str(found.files[i][0]), "stem": found.files[i][1]} for i in photos]
-        results = _run_dataset(ray, rows, settings, tune, naming, remote, options, save_faces, save_comparison,
-                               on_result)
+        results, interrupted = _run_dataset(ray, rows, settings, tune, naming, remote, options, save_faces,
+                                            save_comparison, on_result)
     finally:
         if started:
             ray.shutdown()
-    summary = RunSummary(sorted(results + videos, key=lambda j: j.index), time.perf_counter() - t0, False,
+    done = {j.index for j in results}
+    results += [_planned_job(r["index"], found.files[r["index"]], "dropped", f"{r['path']}: not processed "
+                             "(interrupted)") for r in rows if r["index"] not in done]
+    summary = RunSummary(sorted(results + videos, key=lambda j: j.index), time.perf_counter() - t0, interrupted,
                          {"mode": "ray"})
     return EnhanceResult(summary, found.missing, found.passed_over, refused, skipped)
 
 
 def _run_dataset(ray: Any, rows: list[dict[str, Any]], settings: EnhanceSettings, tune: TuneConfig,
                  naming: OutputNaming, remote: str | None, options: RayOptions, save_faces: bool,
-                 save_comparison: bool, on_result: Callable[[ImageJob], None] | None) -> list[ImageJob]:
+                 save_comparison: bool, on_result: Callable[[ImageJob], None] | None) -> tuple[list[ImageJob], bool]:
+    """The dataset's result rows as jobs (each input once), and whether Ctrl-C stopped it."""
     if not rows:
-        return []
+        return [], False
     resources = ray.cluster_resources()
     gpus = options.num_gpus_per_actor
     restore_actors = options.concurrency or max(1, int(resources.get("GPU", 0) // gpus) if gpus else 1)
@@ -358,14 +365,17 @@ def _run_dataset(ray: Any, rows: list[dict[str, Any]], settings: EnhanceSettings
     ds = ds.map_batches(Finish, batch_size=1, compute=pool(cpu_actors), num_cpus=per_actor,
                         batch_format="pyarrow", fn_constructor_kwargs=finish_args)
     jobs: dict[int, ImageJob] = {}
-    for row in ds.iter_rows():
-        job = _job_from_row(row)
-        if job.index in jobs:                        # a retried task's row again: the same file, counted once
-            continue
-        jobs[job.index] = job
-        if on_result is not None:
-            on_result(job)
-    return list(jobs.values())
+    try:
+        for row in ds.iter_rows():
+            job = _job_from_row(row)
+            if job.index in jobs:                    # a retried task's row again: the same file, counted once
+                continue
+            jobs[job.index] = job
+            if on_result is not None:
+                on_result(job)
+    except KeyboardInterrupt:                        # files written so far are complete (atomic writes)
+        return list(jobs.values()), True
+    return list(jobs.values()), False
 
 
 def _planned_job(index: int, file: tuple[Path, str], status: str, message: str) -> ImageJob:
