@@ -42,9 +42,14 @@ def ray_runner(output: str, address: str | None, gpus_per_actor: float) -> Calla
 
     def run(names, _output, settings, tune, *, pipeline, recursive, ext, suffix, name_pattern, existing,
             save_faces, save_comparison, serial, config, on_result, on_faces, on_start, video, notify) -> Any:
+        def done(job: Any) -> None:                  # faces are known per image once it is written
+            if job.status == "ok":
+                on_faces(job.face_count)
+            on_result(job)
+
         return ray_enhance(names, output, settings, tune, options=RayOptions(address=address,
                            num_gpus_per_actor=gpus_per_actor), recursive=recursive, ext=ext, suffix=suffix,
                            name_pattern=name_pattern, existing=existing, save_faces=save_faces,
-                           save_comparison=save_comparison, on_result=on_result, on_start=on_start, notify=notify)
+                           save_comparison=save_comparison, on_result=done, on_start=on_start, notify=notify)
 
     return run

@@ -411,6 +411,9 @@ class DevicePool:
                     on_result(job)
 
             t = time.perf_counter()
+            device = torch.device(lane.name)
+            if device.type == "cuda":
+                torch.cuda.set_device(device)        # this thread's kernels (serial path, ordered writes) on its GPU
             try:
                 summary = lane.pipeline.run(lane_source, lane_sink, serial=serial, config=config, on_result=settle,
                                             on_faces=self._counting(lane, on_faces), save_faces=save_faces)
