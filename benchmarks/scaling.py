@@ -2,7 +2,8 @@
 (1..N restore actors), against the plain one-pipeline run on the same folder.
 
 On a CPU host the "devices" are CPU stand-ins sharing the same cores, so the numbers show the overhead of the
-sharing, not a speed-up; the GPU numbers come from the same script on a multi-GPU host:
+sharing, not a speed-up (a process-mode row includes starting its worker processes, each loading the
+generator); the GPU numbers come from the same script on a multi-GPU host:
 
     python benchmarks/scaling.py --device cpu --workers 1,2 --ray-actors 1,2 --images 6      # CPU, small
     python benchmarks/scaling.py --device cuda --workers 1,2,4,8 --ray-actors 1,2,4,8 --images 2000 \\
@@ -64,7 +65,7 @@ def row(kind: str, workers: int, result, wall: float, extra: dict | None = None)
 
 
 def measure_devices(folder: Path, settings: EnhanceSettings, tune: TuneConfig, device: str, counts: list[int],
-                    work: Path) -> list[dict]:
+                    modes: list[str], work: Path) -> list[dict]:
     from gpen_tune.distributed.devices import DevicePool
 
     rows = []
@@ -73,14 +74,15 @@ def measure_devices(folder: Path, settings: EnhanceSettings, tune: TuneConfig, d
         t = time.perf_counter()
         result = enhance([folder], work / "plain", pipeline=pipe)
         rows.append(row("plain", 1, result, time.perf_counter() - t))
-    for n in counts:
-        devices = [device] * n if device == "cpu" else [f"cuda:{i}" for i in range(n)]
-        with DevicePool(settings, tune, devices=devices) as pool:
-            pool.prepare()
-            t = time.perf_counter()
-            result = enhance([folder], work / f"devices{n}", pipeline=pool)
-            wall = time.perf_counter() - t
-            rows.append(row("devices", n, result, wall, {"per_device": pool.device_summary()}))
+    for mode in modes:
+        for n in counts:
+            devices = [device] * n if device == "cpu" else [f"cuda:{i}" for i in range(n)]
+            with DevicePool(settings, tune, devices=devices, mode=mode) as pool:
+                pool.prepare()
+                t = time.perf_counter()
+                result = enhance([folder], work / f"devices-{mode}{n}", pipeline=pool)
+                wall = time.perf_counter() - t
+                rows.append(row(f"devices-{mode}", n, result, wall, {"per_device": pool.device_summary()}))
     return rows
 
 
@@ -111,6 +113,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", help="cpu (stand-in devices) or cuda")
     ap.add_argument("--workers", default="1,2", help="device counts for --devices")
+    ap.add_argument("--modes", default="thread,process", help="DevicePool modes to measure")
     ap.add_argument("--ray-actors", default="1,2", help="restore actor counts for Ray ('' to skip)")
     ap.add_argument("--images", type=int, default=6)
     ap.add_argument("--faces", type=int, default=2, help="faces per mosaic")
@@ -128,7 +131,7 @@ def main() -> None:
         name = args.preset or ("speed" if args.device == "cuda" else None)
         tune = resolve_preset(name, args.device)[1] if name else TuneConfig()
         rows = measure_devices(work / "in", settings, tune, args.device, [int(n) for n in args.workers.split(",")],
-                               work)
+                               args.modes.split(","), work)
         if args.ray_actors:
             rows += measure_ray(work / "in", settings, tune, args.device,
                                 [int(n) for n in args.ray_actors.split(",")], work, args.cpus)

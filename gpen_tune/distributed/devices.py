@@ -6,16 +6,18 @@
 
 `DevicePool` offers what `gpen_tune.pipeline.api.enhance` and `gpen_tune.video.stream.enhance_video` use of a
 `Pipeline` (`run`, `prepare`, `close`, `device`, `restorer`), so input collection, output planning and the sinks
-stay theirs. `run` starts one thread per device, each running its own `Pipeline.run` on a `_LaneSource` that
-takes the next input from one shared queue; each input is processed exactly as on one device, so the files and
-pixels are the same.
+stay theirs. `run` gives each device its own `Pipeline.run` (in a thread, or in a worker process) fed from one
+shared queue of inputs; each input is processed exactly as on one device, so the files and pixels are the same.
 
-Threads in one process, not a process per GPU. What the GIL limited before was the detector's Python driver, and
-that can already leave the process (`EnhanceSettings.detector_process`, on by default here for CUDA devices); the
-rest of a lane is cv2/numpy/torch calls that release the GIL, and the GPU stage replays CUDA graphs. One process
-keeps the shared queue, the retry and the ordered reassembly plain Python. Whether the remaining Python of 8 lanes
-saturates one GIL can only be measured on an 8-GPU host (benchmarks/scaling.py); if it does, a process per GPU on
-one host is already available as `--ray` without an address (a Ray actor per GPU is a process).
+Threads or processes (`mode`). "process" (the default when the devices are GPUs): a worker process per GPU for
+runs of photo files (`workers.py`). Each worker sees only its GPU, as cuda:0 (`CUDA_VISIBLE_DEVICES`), so it runs
+exactly the one-GPU path that was measured: CUDA graph capture and the detector's serving thread use the current
+device, which in one process would be GPU 0 for every thread that did not choose another. Each worker also has
+its own GIL (the GIL limited the detector thread on one GPU already, and 8 schedulers in one process would share
+one), and a crashed device takes only its worker down. "thread": one scheduler per device in this process, each
+in a thread of its own (its threads make their device current); what arrays and videos use in both modes, since
+their pixels stay in memory and an ordered sink or a tracker needs one process; and the default for CPU stand-in
+devices. Neither choice could be timed on several GPUs here: `benchmarks/scaling.py` measures both.
 
 Failures. An error that is the device's (a CUDA error, a lost device: `is_device_failure`) marks the device lost:
 its restorer refuses further batches (`GuardedRestorer`), its lane takes no more inputs, and every input that failed
@@ -44,8 +46,8 @@ from gpen_tune.pipeline.api import Pipeline
 from gpen_tune.pipeline.job import ImageJob
 from gpen_tune.pipeline.scheduler import RunSummary, SchedulerConfig, dropped
 from gpen_tune.pipeline.settings import EnhanceSettings, resolve_weights
-from gpen_tune.pipeline.sinks import Sink
-from gpen_tune.pipeline.sources import Source, SourceItem
+from gpen_tune.pipeline.sinks import FileSink, Sink
+from gpen_tune.pipeline.sources import FileSource, Source, SourceItem
 from gpen_tune.restore import Restorer, build_restorer, default_batch_size
 from gpen_tune.tune.options import TuneConfig
 
@@ -120,8 +122,12 @@ class GuardedRestorer:
         self.lost: str | None = None                 # the failure's one line, once lost
 
     def observe(self, exc: BaseException) -> None:
-        if self.lost is None and is_device_failure(exc):
-            self.lost = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        if is_device_failure(exc):
+            self.mark_lost(f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+
+    def mark_lost(self, reason: str) -> None:
+        if self.lost is None:
+            self.lost = reason
 
     def _check(self) -> None:
         if self.lost is not None:
@@ -147,13 +153,13 @@ class GuardedRestorer:
         return getattr(self.inner, name)
 
 
-@dataclass
+@dataclass(eq=False)
 class Lane:
     """One device: its pipeline and what it did."""
 
     name: str
-    pipeline: Pipeline
-    guard: GuardedRestorer
+    pipeline: Pipeline | None                        # None for a process lane until a thread run needs one
+    guard: GuardedRestorer | None
     images: int = 0
     faces: int = 0
     busy_s: float = 0.0
@@ -162,16 +168,32 @@ class Lane:
 
     @property
     def lost(self) -> bool:
-        return self.lost_reason is not None or self.guard.lost is not None
+        return self.lost_reason is not None or (self.guard is not None and self.guard.lost is not None)
 
     def lose(self, reason: str) -> None:
         if self.lost_reason is None:
-            self.lost_reason = self.guard.lost or reason
+            self.lost_reason = (self.guard.lost if self.guard is not None else None) or reason
 
     def summary(self) -> dict[str, Any]:
         return {"device": self.name, "images": self.images, "faces": self.faces, "busy_s": round(self.busy_s, 3),
                 "faces_per_s": round(self.faces / self.busy_s, 3) if self.busy_s else None,
-                "lost": self.lost_reason or self.guard.lost, "retried_elsewhere": self.retried}
+                "lost": self.lost_reason or (self.guard.lost if self.guard is not None else None),
+                "retried_elsewhere": self.retried}
+
+
+class _on_device:
+    """Make a GPU current while a lane's parts are built there (CUDA graphs capture on the current device)."""
+
+    def __init__(self, device: str):
+        self.context = torch.cuda.device(torch.device(device)) if device.startswith("cuda") else None
+
+    def __enter__(self) -> None:
+        if self.context is not None:
+            self.context.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.context is not None:
+            self.context.__exit__(*exc)
 
 
 def build_lane_restorer(settings: EnhanceSettings, tune: TuneConfig, device: str,
@@ -276,54 +298,86 @@ class DevicePool:
         settings, tune: as for `Pipeline` (`settings.device` is replaced by each device; on CUDA devices the
             detector runs in a process of its own unless `tune.lazy_detector`, see the module docstring).
         devices: torch device names (`parse_devices`); "cpu" may repeat (stand-in devices for tests).
-        restorers: one built restorer per device instead of loading `settings.weights` on each (tests).
+        mode: "thread" (a lane per device in this process), "process" (a worker process per device for runs of
+            photo files, `workers.py`; arrays and videos still take thread lanes) or "auto" (process when a
+            device is a GPU, else thread). See the module docstring.
+        restorers: thread mode: one built restorer per device instead of loading `settings.weights` (tests).
+        restorer_factories: process mode: one picklable callable per device that builds its restorer in the
+            worker (tests).
         notify: one-line notices (printed once, for the first device).
     """
 
     def __init__(self, settings: EnhanceSettings | None = None, tune: TuneConfig | None = None, *,
-                 devices: Sequence[str], restorers: Sequence[Restorer] | None = None,
+                 devices: Sequence[str], mode: str = "auto", restorers: Sequence[Restorer] | None = None,
+                 restorer_factories: Sequence[Callable[[], Restorer] | None] | None = None,
                  notify: Callable[[str], None] = default_notify):
         self.settings = settings or EnhanceSettings()
         self.tune = tune or TuneConfig()
+        self.notify = notify
         if not devices:
             raise ValueError("DevicePool needs at least one device")
-        if restorers is not None and len(restorers) != len(devices):
-            raise ValueError(f"{len(devices)} devices but {len(restorers)} restorers")
-        self.lanes: list[Lane] = []
-        for i, device in enumerate(devices):
-            quiet = notify if i == 0 else (lambda _msg: None)
-            lane_settings = replace(self.settings, device=device, detector_process=self.settings.detector_process
-                                    or (device.startswith("cuda") and not self.tune.lazy_detector))
-            restorer = restorers[i] if restorers is not None else build_lane_restorer(lane_settings, self.tune,
-                                                                                      device, quiet)
-            guard = GuardedRestorer(restorer, device)
-            self.lanes.append(Lane(device, Pipeline(lane_settings, self.tune, restorer=guard, notify=quiet), guard))
-        self.notify = notify
+        if mode not in ("auto", "thread", "process"):
+            raise ValueError(f"mode must be 'auto', 'thread' or 'process', got {mode!r}")
+        for given in (restorers, restorer_factories):
+            if given is not None and len(given) != len(devices):
+                raise ValueError(f"{len(devices)} devices but {len(given)} restorers")
+        self.mode = mode if mode != "auto" else ("process" if any(d.startswith("cuda") for d in devices)
+                                                 else "thread")
+        self.devices = list(devices)
+        self.restorer_factories = restorer_factories
+        self.lanes = [Lane(device, None, None) for device in devices]
+        if self.mode == "thread":
+            for i, lane in enumerate(self.lanes):
+                self._build_lane(lane, restorers[i] if restorers is not None else None)
+        else:                                             # the workers load the weights: decide them once, here
+            self.settings = replace(self.settings, weights=resolve_weights(self.settings, notify))
+
+    def _lane_settings(self, device: str) -> EnhanceSettings:
+        return replace(self.settings, device=device, detector_process=self.settings.detector_process
+                       or (device.startswith("cuda") and not self.tune.lazy_detector))
+
+    def _build_lane(self, lane: Lane, restorer: Restorer | None = None) -> None:
+        """A thread lane's pipeline: its own restorer (built on its device) and detector."""
+        quiet = self.notify if lane is self.lanes[0] else (lambda _msg: None)
+        settings = self._lane_settings(lane.name)
+        with _on_device(lane.name):
+            if restorer is None:
+                restorer = build_lane_restorer(settings, self.tune, lane.name, quiet)
+            lane.guard = GuardedRestorer(restorer, lane.name)
+            lane.pipeline = Pipeline(settings, self.tune, restorer=lane.guard, notify=quiet)
 
     # -- what enhance / run_command read ----------------------------------------------------------------------
     @property
     def device(self) -> torch.device:
-        return self.lanes[0].pipeline.device
+        return torch.device(self.lanes[0].name)
 
     @property
-    def restorer(self) -> Restorer:
-        return self.lanes[0].guard.inner
+    def restorer(self) -> Restorer | None:
+        """The first device's restorer (for the report); None while the work runs in worker processes."""
+        return None if self.lanes[0].guard is None else self.lanes[0].guard.inner
 
     @property
     def weights_source(self) -> Any:
-        return self.lanes[0].pipeline.weights_source
+        pipe = self.lanes[0].pipeline
+        return pipe.weights_source if pipe is not None else self.settings.weights
 
     def prepare(self) -> str | None:
-        """Build every device's detector and parser now (a missing file fails before any image)."""
-        names = [lane.pipeline.prepare() for lane in self.lanes]
-        return names[0]
+        """Build every thread lane's detector and parser now (a missing file fails before any image); worker
+        processes build theirs when they start (a worker that cannot start is reported by `run`)."""
+        names = []
+        for lane in self.lanes:
+            if lane.pipeline is not None:
+                with _on_device(lane.name):
+                    names.append(lane.pipeline.prepare())
+        return names[0] if names else (None if self.settings.aligned else self.settings.detector)
 
     def device_summary(self) -> list[dict[str, Any]]:
         return [lane.summary() for lane in self.lanes]
 
     def close(self) -> None:
         for lane in self.lanes:
-            lane.pipeline.close()
+            if lane.pipeline is not None:
+                lane.pipeline.close()
 
     def __enter__(self) -> DevicePool:
         return self
@@ -339,8 +393,13 @@ class DevicePool:
         t0 = time.perf_counter()
         live = [lane for lane in self.lanes if not lane.lost]
         if not live:
-            raise RuntimeError("every device of this pool was lost: " + "; ".join(
-                f"{lane.name}: {lane.lost_reason or lane.guard.lost}" for lane in self.lanes))
+            raise RuntimeError(f"every device of this pool was lost ({self._lost_line()})")
+        if (self.mode == "process" and isinstance(source, FileSource) and isinstance(sink, FileSink)
+                and tracker is None):
+            return self._run_processes(live, list(source), sink, serial, config, on_result, on_faces, save_faces, t0)
+        for lane in live:
+            if lane.pipeline is None:                # a process pool's run of arrays or a video
+                self._build_lane(lane)
         if tracker is not None:                      # tracking needs one order: the first device that is not lost
             lane = live[0]
             summary = lane.pipeline.run(source, sink, serial=serial, config=config, on_result=on_result,
@@ -369,13 +428,34 @@ class DevicePool:
             item = shared.items[index]
             job = dropped(index, item)
             if not shared.stopped:
-                job.fail(f"{item.name}: not processed: every device was lost ("
-                         + "; ".join(f"{ln.name}: {ln.lost_reason}" for ln in self.lanes) + ")")
+                job.fail(f"{item.name}: not processed: every device was lost ({self._lost_line()})")
             shared.results[index] = job
             if reorder is not None:
                 reorder.offer(index, None)
         results = [shared.results[i] for i in range(len(shared.items))]
         return RunSummary(results, time.perf_counter() - t0, shared.stopped,
+                          {"mode": "devices", "devices": self.device_summary()})
+
+    def _lost_line(self) -> str:
+        return "; ".join(f"{lane.name}: {lane.summary()['lost']}" for lane in self.lanes)
+
+    def _run_processes(self, live: list[Lane], items: list[SourceItem], sink: FileSink, serial: bool,
+                       config: SchedulerConfig, on_result, on_faces, save_faces: bool, t0: float) -> RunSummary:
+        """Photo files over one worker process per device (workers.py); results in source order."""
+        from gpen_tune.distributed.workers import WorkerSpec, run_processes
+
+        factory = dict(zip(map(id, self.lanes), self.restorer_factories or [None] * len(self.lanes), strict=True))
+        specs = [WorkerSpec(self._lane_settings(lane.name), self.tune, lane.name, sink.naming, save_faces,
+                            sink.save_comparison, serial, config, factory[id(lane)]) for lane in live]
+        done, never, interrupted = run_processes(live, specs, items, on_result, on_faces)
+        for index in never:
+            job = dropped(index, items[index])
+            if not interrupted:
+                job.fail(f"{items[index].name}: not processed: every device was lost ({self._lost_line()})")
+            done[index] = job
+        if all(str(lane.lost_reason).startswith("could not start") for lane in live):
+            raise RuntimeError(f"no device could start: {self._lost_line()}")
+        return RunSummary([done[i] for i in range(len(items))], time.perf_counter() - t0, interrupted,
                           {"mode": "devices", "devices": self.device_summary()})
 
     def _counting(self, lane: Lane, on_faces: Callable[[int], None] | None) -> Callable[[int], None]:

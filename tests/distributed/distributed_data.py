@@ -83,3 +83,13 @@ class WaitsForLoss(Restorer):
     def submit(self, crops, download: bool = True):
         self.lost.wait(timeout=120)
         return super().submit(crops, download)
+
+
+class LosingFactory:
+    """Builds a `LosesDevice` inside a worker process (picklable: the process mode's test hook)."""
+
+    def __init__(self, after: int):
+        self.after = after
+
+    def __call__(self) -> LosesDevice:
+        return LosesDevice(self.after)
