@@ -134,3 +134,25 @@ def test_parse_devices_and_failure_kinds() -> None:
     assert is_device_failure("photo.jpg: RuntimeError: CUDA error: device lost")
     assert not is_device_failure(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
     assert not is_device_failure("photo.jpg: not an image (or a format Pillow cannot read)")
+
+
+def test_a_video_runs_on_one_device_of_a_pool_as_on_one_pipeline(tmp_path: Path) -> None:
+    """A video keeps its tracker's frame order: the pool runs it on its first device, the same as one pipeline."""
+    import av
+    from video.clips import make_clip
+
+    clip = make_clip(tmp_path / "clip.mp4", n=6, audio=False, subtitles=False)
+    plain = enhance([clip], tmp_path / "plain", settings())
+    with DevicePool(settings(), devices=["cpu", "cpu"]) as pool:
+        shared = enhance([clip], tmp_path / "pool", pipeline=pool)
+        lanes = pool.device_summary()
+    assert plain.exit_code == shared.exit_code == 0
+    assert shared.jobs[0].video["frames"] == plain.jobs[0].video["frames"] == 6
+    assert shared.jobs[0].video["faces"] == plain.jobs[0].video["faces"] > 0
+    assert [lane["images"] for lane in lanes] == [6, 0]
+
+    def frames(path: Path) -> np.ndarray:
+        with av.open(str(path)) as f:
+            return np.stack([fr.to_ndarray(format="rgb24") for fr in f.decode(video=0)]).astype(np.int32)
+
+    assert np.abs(frames(tmp_path / "plain" / "clip.mp4") - frames(tmp_path / "pool" / "clip.mp4")).mean() < 0.5
