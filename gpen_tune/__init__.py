@@ -6,6 +6,9 @@ The public API is small and imports torch only when used:
     restored = gpen_tune.enhance_image("photo.jpg", device="cuda")                     # one image, in memory
     result = gpen_tune.enhance(["albums/"], "restored/", tune=gpen_tune.preset("speed"))  # many, to a folder
     model = gpen_tune.load_model("GPEN-BFR-512", device="cuda")                         # the bare generator
+    with gpen_tune.DevicePool(devices=["cuda:0", "cuda:1"]) as pool:                   # every GPU of a host
+        gpen_tune.enhance(["albums/"], "restored/", pipeline=pool)
+    gpen_tune.ray_enhance(["albums/"], "s3://bucket/restored")                          # a Ray cluster
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ _LAZY = {
     "EnhanceSettings": ("gpen_tune.pipeline.settings", "EnhanceSettings"),
     "TuneConfig": ("gpen_tune.tune.options", "TuneConfig"),
     "preset": ("gpen_tune.tune.options", "preset"),
+    "DevicePool": ("gpen_tune.distributed.devices", "DevicePool"),
+    "ray_enhance": ("gpen_tune.distributed.ray_data", "ray_enhance"),
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -34,6 +34,7 @@ DETECT_PANEL = "Detection and alignment"
 PERF_PANEL = "Performance"
 VIDEO_PANEL = "Video"
 BG_PANEL = "Background"
+SCALE_PANEL = "Scale-out"
 
 EXAMPLES = """
 Examples:\n
@@ -73,7 +74,8 @@ def enhance(
                                                        show_default=False)] = None,
     input_: Annotated[list[str] | None, _opt("-i", "--input", panel=IO_PANEL, show_default=False,
                                              help="An input, as the positional arguments (repeatable).")] = None,
-    output: Annotated[Path, _opt("-o", "--output", panel=IO_PANEL, help="Output folder (created).")] = Path("out"),
+    output: Annotated[str, _opt("-o", "--output", panel=IO_PANEL, help="Output folder (created); with --ray also a "
+                                       "URL such as s3://bucket/out.")] = "out",
     recursive: Annotated[bool, _opt("-r", "--recursive", panel=IO_PANEL, help="Descend into sub-folders.")] = False,
     ext: Annotated[str | None, _opt("--ext", panel=IO_PANEL, help="Output format: jpg, png, webp, bmp, tiff; mp4, "
                                     "mkv, mov, webm for videos (default: as the input).")] = None,
@@ -151,6 +153,14 @@ def enhance(
                                       "better (default: visually lossless for the codec).")] = None,
     smooth: Annotated[bool, _opt("--smooth/--no-smooth", panel=VIDEO_PANEL, show_default=False,
                                  help="Track faces and smooth their landmarks across frames (default: on).")] = True,
+    devices: Annotated[str | None, _opt("--devices", panel=SCALE_PANEL, show_default=False, metavar="LIST",
+                                        help="Run on several GPUs of this host: all, or numbers such as 0,1,3.")]
+    = None,
+    ray: Annotated[bool, _opt("--ray", panel=SCALE_PANEL, help="Run on a Ray cluster (a local one without "
+                              "--ray-address).")] = False,
+    ray_address: Annotated[str | None, _opt("--ray-address", panel=SCALE_PANEL, show_default=False,
+                                            metavar="ADDR", help="The Ray cluster to join, e.g. auto or "
+                                            "ray://head:10001.")] = None,
     preset: PresetOpt = None,
     lazy_detector: LazyDetectorOpt = None,
     compile: CompileOpt = None,
@@ -174,13 +184,31 @@ def enhance(
         raise fail("no input given: pass files, folders or globs (or -i PATH)")
     if overwrite and skip_existing:
         raise fail("--overwrite and --skip-existing contradict each other: choose one")
+    if devices is not None and (ray or ray_address):
+        raise fail("--devices runs on this host, --ray on a Ray cluster: choose one")
+    build, run = Pipeline, run_enhance
+    if ray or ray_address is not None:
+        from rich.markup import escape
+
+        from gpen_tune.distributed.ray_data import RayMissing, import_ray
+
+        try:
+            import_ray()
+        except RayMissing as e:
+            raise fail(escape(str(e))) from None             # "[ray]" is no console markup
     try:                                                 # every argument checked before anything is printed
         model_info(model)
         check_pattern(name_pattern)
         check_ext(ext)
         if report is not None:
             check_report_path(report)
-        dev = resolve_device(device.value, notice)
+        scale_to_ray = ray or ray_address is not None
+        if scale_to_ray and device.value != "cpu":       # the restore actors' device (GPUs of the cluster)
+            import torch
+
+            dev = torch.device("cuda")
+        else:
+            dev = resolve_device(device.value, notice)
         tune, origin = tune_config_from_options(preset, lazy_detector, compile, amp, checkpoint, face_crop,
                                                 cuda_graph, fused, device=dev.type)
         settings = EnhanceSettings(
@@ -194,14 +222,22 @@ def enhance(
         if detector_process and tune.lazy_detector:
             raise ValueError("--detector-process runs the detector in its own process, which --lazy-detector "
                              "cannot release: choose one")
+        if devices is not None:
+            from gpen_tune.cli._scale import device_pool_builder
+
+            build = device_pool_builder(devices)
+        if scale_to_ray:
+            from gpen_tune.cli._scale import RayRun, ray_runner
+
+            build, run = RayRun, ray_runner(output, ray_address, 0 if dev.type == "cpu" else 1)
     except user_errors() as e:
         raise failure(e) from None
     out.print(f"optimizations: {origin}", highlight=False, soft_wrap=True)
     existing = "overwrite" if overwrite else "skip" if skip_existing else "refuse"
-    code = run_command(names, output, settings, tune, recursive=recursive, ext=ext, suffix=suffix,
+    code = run_command(names, Path(output), settings, tune, recursive=recursive, ext=ext, suffix=suffix,
                        name_pattern=name_pattern, existing=existing, report=report, save_faces=save_faces,
                        save_comparison=save_comparison, save_mask=save_mask, serial=serial or None,
-                       config=SchedulerConfig(workers=workers), build=Pipeline, run=run_enhance,
+                       config=SchedulerConfig(workers=workers), build=build, run=run,
                        video=VideoOptions(codec=codec, crf=crf, smooth=smooth))
     raise typer.Exit(code)
 
@@ -235,7 +271,13 @@ def run_command(names, output: Path, settings, tune, *, recursive, ext, suffix, 
         pipe.close()
     summary = summarize(result, time.perf_counter() - t0)
     summary["tune"] = tune_summary(tune, pipe.restorer)
+    if hasattr(pipe, "device_summary"):                  # --devices: what each device did
+        summary["devices"] = pipe.device_summary()
     print_summary(out, summary, result)
+    for lane in summary.get("devices", []):
+        lost = f", lost: {lane['lost']} ({lane['retried_elsewhere']} inputs retried elsewhere)" if lane["lost"] else ""
+        out.print(f"device {lane['device']}: {lane['images']} images, {lane['faces']} faces, "
+                  f"{lane['faces_per_s'] or 0:.2f} faces/s{lost}", highlight=False, soft_wrap=True)
     if report is not None:
         from dataclasses import asdict
 

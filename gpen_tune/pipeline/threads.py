@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import cv2
+import torch
 
 from gpen_tune.pipeline.job import ImageJob
 from gpen_tune.pipeline.scheduler import (
@@ -174,7 +175,11 @@ class _Run:
     def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
         """Thread body wrapper: an interrupt raised inside a stage stops the whole run cleanly."""
 
+        device = self.restorer.device
+
         def body() -> None:
+            if device.type == "cuda" and device.index is not None:
+                torch.cuda.set_device(device)     # threads start on GPU 0; a pipeline on GPU N launches there
             try:
                 fn()
             except KeyboardInterrupt:

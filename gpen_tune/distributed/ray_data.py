@@ -1,0 +1,384 @@
+"""Clusters through Ray Data: the pipeline's steps as stages of one streaming dataset.
+
+    paths ──> Prepare (CPU actors: decode, detect, align, cut) ──> Restore (GPU actors: the Restorer)
+          ──> Finish (CPU actors: decode again, paste, encode, write to OUT) ──> one result row per input
+
+    result = ray_enhance(["albums/"], "s3://bucket/restored", settings, tune, address="auto",
+                         options=RayOptions(concurrency=8, cpu_concurrency=48))
+
+Why these cuts: decode/detect/align and paste/encode are CPU work that scales with CPU actors, the generator is
+GPU work that wants big batches on few long-lived actors (a CUDA graph per actor). Between stages only the face
+crops travel (S x S x 3 bytes per face) and the input path; the finish stage decodes the file again (cheaper for
+the object store than shipping decoded pixels; decoding is deterministic, so the pixels are the same). Every step
+calls the same code as the plain run (`Stages.prepare`, `Restorer.restore_crops`, `Stages.finish`, `FileSink`),
+so the outputs equal the plain run's; a bad file fails in its row, alone, with the plain run's one line.
+
+Fault tolerance is Ray Data's: an actor of a pool that dies is restarted and its task retried (Ray Data's
+defaults for actor pools, unlimited restarts and task retries, are kept); a retried finish task writes the same
+file again through a temp name + rename (local) or a temp object + move (pyarrow filesystems), so a killed worker
+never leaves a partial output. OUT is a local folder or any URL
+`pyarrow.fs.FileSystem.from_uri` understands (s3://, gs://, hdfs://, file://). Inputs are local paths (on a
+cluster: a filesystem every node mounts at the same path). Videos run without --ray (a video needs its frames in
+order through one tracker and one encoder).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpen_tune.face.detect import Detection, default_notify
+from gpen_tune.pipeline.api import EnhanceResult
+from gpen_tune.pipeline.job import FaceCrop, ImageJob
+from gpen_tune.pipeline.outputs import OutputNaming, check_output_dir, collect_inputs, is_video, plan_outputs
+from gpen_tune.pipeline.scheduler import RunSummary
+from gpen_tune.pipeline.settings import EnhanceSettings, resolve_weights
+from gpen_tune.tune.options import TuneConfig
+
+RAY_MISSING = "--ray needs Ray: pip install 'gpen-tune[ray]'"
+
+
+class RayMissing(ImportError):
+    """Ray is not installed (the message is the one line the CLI prints)."""
+
+
+def import_ray() -> Any:
+    try:
+        import ray  # optional: the "ray" extra
+        import ray.data  # noqa: F401
+    except ImportError:
+        raise RayMissing(RAY_MISSING) from None
+    return ray
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """How the dataset is spread. Sizing: docs/ray.md.
+
+    address: a running cluster ("auto", "ray://host:10001"); None starts a local Ray with `num_cpus`.
+    num_gpus_per_actor: GPUs of one restore actor (1 for GPEN-512 bf16; 0 runs it on the CPU, e.g. in tests); the
+    restore actors run on "cuda" when it is above 0, else on "cpu".
+    concurrency: restore actors (None: the cluster's GPUs / num_gpus_per_actor, at least 1).
+    batch_size: images per restore call (their faces are restored in the restorer's batches of
+    `settings.batch_size`). cpu_concurrency: prepare actors and finish actors each
+    (None: the CPUs left over, halved). cpus_per_actor: CPUs Ray reserves for each actor (lowered so that all
+    the actors fit in the cluster's CPUs).
+    """
+
+    address: str | None = None
+    num_cpus: int | None = None
+    num_gpus_per_actor: float = 1.0
+    concurrency: int | None = None
+    batch_size: int = 8
+    cpu_concurrency: int | None = None
+    cpus_per_actor: float = 1.0
+
+
+# ---------------------------------------------------------------------------------------------------- stages
+
+
+def _table(rows: list[dict[str, Any]]) -> Any:
+    import pyarrow as pa  # optional: comes with ray[data]
+
+    return pa.Table.from_pylist(rows)
+
+
+def _timings(job: ImageJob, before: str | None = None) -> str:
+    merged = dict(json.loads(before)) if before else {}
+    for k, v in job.timings.items():
+        merged[k] = merged.get(k, 0.0) + v
+    return json.dumps(merged)
+
+
+class Prepare:
+    """CPU actor: decode, detect (an inline detector of its own), align and cut every face on the host."""
+
+    def __init__(self, settings: EnhanceSettings, tune: TuneConfig):
+        import torch
+
+        from gpen_tune.face.detect import init_detector
+        from gpen_tune.model.configs import model_info
+        from gpen_tune.pipeline.stages import Stages
+
+        cpu = torch.device("cpu")
+        detector = None if settings.aligned else init_detector(
+            settings.detector, device=cpu, weights=settings.detector_weights, threshold=settings.det_threshold,
+            det_size=settings.det_size, service="inline")
+        self.stages = Stages(settings, model_info(settings.model).config.size, cpu, detector,
+                             face_crop=tune.face_crop, cut_on_device=False)
+
+    def __call__(self, batch: Any) -> Any:
+        rows = batch.to_pylist()
+        jobs = [ImageJob(source=r["path"], index=r["index"], stem=r["stem"]) for r in rows]
+        self.stages.prepare(jobs, [lambda p=r["path"]: p for r in rows])
+        for row, job in zip(rows, jobs, strict=True):
+            faces = job.faces
+            crops = self.stages.crops(job) if job.status != "error" else []    # none when strength is 0
+            row.update(status=job.status, error=job.error, timings=_timings(job), faces=pickle.dumps({
+                "crops": crops, "affine": [f.affine for f in faces],
+                "inverse": [f.inverse for f in faces],
+                "det": [None if f.detection is None else (f.detection.box, f.detection.score, f.detection.landmarks)
+                        for f in faces]}))
+        return _table(rows)
+
+
+class Restore:
+    """GPU actor: the generator behind its switches (`Pipeline`'s restorer), all faces of a batch of images."""
+
+    def __init__(self, settings: EnhanceSettings, tune: TuneConfig):
+        from gpen_tune.pipeline.api import Pipeline
+
+        self.pipeline = Pipeline(settings, tune, notify=lambda _msg: None)
+        self.restorer = self.pipeline.restorer
+
+    def __call__(self, batch: Any) -> Any:
+        rows = batch.to_pylist()
+        packs = [pickle.loads(r["faces"]) for r in rows]
+        crops = [c for pack, r in zip(packs, rows, strict=True) if r["status"] != "error" for c in pack["crops"]]
+        t = time.perf_counter()
+        try:
+            restored = list(self.restorer.restore_crops(crops)) if crops else []
+            failure = None
+        except (RuntimeError, ValueError) as e:
+            restored, failure = [], e
+        share = (time.perf_counter() - t) / max(1, len(crops))
+        from gpen_tune.pipeline.stages import one_line
+
+        for row, pack in zip(rows, packs, strict=True):
+            if row["status"] == "error" or not pack["crops"]:
+                continue
+            if failure is not None:
+                row["status"], row["error"] = "error", one_line(row["path"], failure)
+                continue
+            n = len(pack["crops"])
+            pack["restored"], restored = restored[:n], restored[n:]
+            row["faces"] = pickle.dumps(pack)
+            row["timings"] = json.dumps({**json.loads(row["timings"]),
+                                         "restore": json.loads(row["timings"]).get("restore", 0.0) + share * n})
+        return _table(rows)
+
+
+class Finish:
+    """CPU actor: decode again, paste the restored faces, encode and write the output (atomically)."""
+
+    def __init__(self, settings: EnhanceSettings, tune: TuneConfig, naming: OutputNaming, remote: str | None,
+                 save_faces: bool, save_comparison: bool):
+        import torch
+
+        from gpen_tune.model.configs import model_info
+        from gpen_tune.pipeline.sinks import FileSink
+        from gpen_tune.pipeline.stages import Stages
+
+        cpu = torch.device("cpu")
+        parser = None
+        if settings.parse_mask and not settings.aligned and settings.strength > 0:
+            from gpen_tune.face.parse import FaceParser
+
+            parser = FaceParser(cpu, settings.parse_weights)
+        self.stages = Stages(settings, model_info(settings.model).config.size, cpu, None, parser,
+                             face_crop=tune.face_crop, cut_on_device=False, save_faces=save_faces)
+        self.remote = remote
+        self.staging = Path(tempfile.mkdtemp(prefix="gpen-tune-ray-")) if remote else None
+        local = naming if remote is None else OutputNaming(self.staging, naming.ext, naming.suffix, naming.pattern)
+        self.sink = FileSink(local, save_faces, save_comparison)
+
+    def __call__(self, batch: Any) -> Any:
+        from gpen_tune.imageio import ImageReadError, read_image
+        from gpen_tune.pipeline.stages import one_line
+
+        rows = batch.to_pylist()
+        for row in rows:
+            pack = pickle.loads(row.pop("faces"))
+            row["detections"] = json.dumps([None if d is None else Detection(*d).to_dict() for d in pack["det"]])
+            row["output"], row["size"] = None, None
+            if row["status"] == "error":
+                continue
+            job = ImageJob(source=row["path"], index=row["index"], stem=row["stem"])
+            try:
+                t = time.perf_counter()
+                job.picture = read_image(row["path"])
+                job.size = job.picture.size
+                job.add_time("decode", time.perf_counter() - t)
+                crops = pack["crops"] or [None] * len(pack["det"])
+                job.faces = [FaceCrop(c, a, i, None if d is None else Detection(*d))
+                             for c, a, i, d in zip(crops, pack["affine"], pack["inverse"], pack["det"], strict=True)]
+                self.stages.finish(job, pack.get("restored", []))
+                written = self.sink.write(job)
+                row["output"] = str(self._publish(written) if self.remote else written)
+            except (ImageReadError, OSError, ValueError, RuntimeError) as e:
+                job.fail(one_line(job.source, e))
+            row.update(status=job.status, error=job.error, timings=_timings(job, row["timings"]),
+                       size=json.dumps(job.size))
+        return _table(rows)
+
+    def _publish(self, staged: Path) -> str:
+        """A staged file (and its side files) onto the remote filesystem: temp object, then move."""
+        from pyarrow import fs as pafs  # optional: comes with ray[data]
+
+        filesystem, root = pafs.FileSystem.from_uri(self.remote)
+        target = None
+        for path in sorted(p for p in self.staging.rglob("*") if p.is_file()):
+            rel = path.relative_to(self.staging).as_posix()
+            final = f"{root.rstrip('/')}/{rel}"
+            tmp = f"{root.rstrip('/')}/{Path(rel).parent.as_posix()}/.{path.name}.{os.getpid()}.part"
+            filesystem.create_dir(final.rsplit("/", 1)[0], recursive=True)
+            with filesystem.open_output_stream(tmp) as f:
+                f.write(path.read_bytes())
+            filesystem.move(tmp, final)
+            path.unlink()
+            if path == staged:
+                target = f"{self.remote.rstrip('/')}/{rel}"
+        return target or str(staged)
+
+
+# ---------------------------------------------------------------------------------------------------- driver
+
+
+def _is_url(outdir: str | Path) -> bool:
+    return "://" in str(outdir)
+
+
+def _plan_remote(files: list[tuple[Path, str]], naming: OutputNaming, url: str, existing: str) -> Any:
+    """The plain run's planning against an empty staging folder, then existence checked on the filesystem."""
+    from pyarrow import fs as pafs  # optional: comes with ray[data]
+
+    filesystem, root = pafs.FileSystem.from_uri(url)
+    with tempfile.TemporaryDirectory(prefix="gpen-tune-plan-") as staging:
+        local = OutputNaming(Path(staging), naming.ext, naming.suffix, naming.pattern)
+        plan = plan_outputs(files, local, existing)
+        rel = {i: local.planned(files[i][1], files[i][0]).relative_to(staging).as_posix() for i in plan.run}
+    infos = filesystem.get_file_info([f"{root.rstrip('/')}/{r}" for r in rel.values()])
+    for (i, r), info in zip(list(rel.items()), infos, strict=True):
+        if info.type == pafs.FileType.NotFound:
+            continue
+        target = f"{url.rstrip('/')}/{r}"
+        plan.run.remove(i)
+        if existing == "skip":
+            plan.skipped[i] = f"{target} exists (--skip-existing)"
+        elif existing == "refuse":
+            plan.refused[i] = (f"{files[i][0]}: output {target} already exists: pass --overwrite to replace it or "
+                               "--skip-existing to keep it")
+        else:
+            plan.run.append(i)
+    plan.run.sort()
+    return plan
+
+
+def _job_from_row(row: dict[str, Any]) -> ImageJob:
+    job = ImageJob(source=row["path"], index=row["index"], stem=row["stem"])
+    job.status, job.error = row["status"], row["error"]
+    job.output = Path(row["output"]) if row.get("output") and not _is_url(row["output"]) else row.get("output")
+    size = json.loads(row.get("size") or "null")
+    job.size = tuple(size) if size else None
+    job.timings = json.loads(row["timings"])
+    blank = np.zeros((2, 3))
+    job.faces = [FaceCrop(None, blank, blank, None if d is None else Detection(
+        np.array(d["box"]), d["score"], np.array(d["landmarks"]))) for d in json.loads(row["detections"])]
+    return job
+
+
+def ray_enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, settings: EnhanceSettings | None = None,
+                tune: TuneConfig | None = None, *, options: RayOptions = RayOptions(), recursive: bool = False,
+                ext: str | None = None, suffix: str = "", name_pattern: str = "{name}{suffix}.{ext}",
+                existing: str = "refuse", save_faces: bool = False, save_comparison: bool = False,
+                on_result: Callable[[ImageJob], None] | None = None, on_start: Callable[[int], None] | None = None,
+                notify: Callable[[str], None] = default_notify) -> EnhanceResult:
+    """`gpen_tune.enhance` on Ray Data: the same inputs, planning, outputs and result (see the module docstring).
+
+    Raises RayMissing (one line) without Ray. A local Ray started here is shut down at the end; a Ray the caller
+    initialised (or `options.address`'s cluster) is left running."""
+    ray = import_ray()
+    settings = settings or EnhanceSettings()
+    # the weights as this machine sees them (the plain run's notice when synthetic); the nodes need the same file
+    settings = replace(settings, weights=resolve_weights(settings, notify))
+    tune = tune or TuneConfig()
+    names = [inputs] if isinstance(inputs, str | Path) else list(inputs)
+    found = collect_inputs([str(n) for n in names], recursive)
+    remote = str(outdir) if _is_url(outdir) else None
+    naming = OutputNaming(Path(tempfile.gettempdir()) if remote else Path(outdir), ext=ext, suffix=suffix,
+                          pattern=name_pattern)
+    if remote:
+        plan = _plan_remote(found.files, naming, remote, existing)
+    else:
+        check_output_dir(naming.outdir)
+        plan = plan_outputs(found.files, naming, existing)
+    refused = [_planned_job(i, found.files[i], "error", msg) for i, msg in plan.refused.items()]
+    skipped = [_planned_job(i, found.files[i], "skipped", msg) for i, msg in plan.skipped.items()]
+    videos = [_planned_job(i, found.files[i], "error", f"{found.files[i][0]}: videos run without --ray (one "
+                           "tracker and one encoder per video): run them with --devices or one GPU")
+              for i in plan.run if is_video(found.files[i][0])]
+    photos = [i for i in plan.run if not is_video(found.files[i][0])]
+    if on_start is not None:
+        on_start(len(photos))
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=options.address, num_cpus=options.num_cpus if options.address is None else None,
+                 include_dashboard=False, log_to_driver=False)
+    t0 = time.perf_counter()
+    try:
+        rows = [{"index": i, "path": str(found.files[i][0]), "stem": found.files[i][1]} for i in photos]
+        results, interrupted = _run_dataset(ray, rows, settings, tune, naming, remote, options, save_faces,
+                                            save_comparison, on_result)
+    finally:
+        if started:
+            ray.shutdown()
+    done = {j.index for j in results}
+    results += [_planned_job(r["index"], found.files[r["index"]], "dropped", f"{r['path']}: not processed "
+                             "(interrupted)") for r in rows if r["index"] not in done]
+    summary = RunSummary(sorted(results + videos, key=lambda j: j.index), time.perf_counter() - t0, interrupted,
+                         {"mode": "ray"})
+    return EnhanceResult(summary, found.missing, found.passed_over, refused, skipped)
+
+
+def _run_dataset(ray: Any, rows: list[dict[str, Any]], settings: EnhanceSettings, tune: TuneConfig,
+                 naming: OutputNaming, remote: str | None, options: RayOptions, save_faces: bool,
+                 save_comparison: bool, on_result: Callable[[ImageJob], None] | None) -> tuple[list[ImageJob], bool]:
+    """The dataset's result rows as jobs (each input once), and whether Ctrl-C stopped it."""
+    if not rows:
+        return [], False
+    resources = ray.cluster_resources()
+    gpus = options.num_gpus_per_actor
+    restore_actors = options.concurrency or max(1, int(resources.get("GPU", 0) // gpus) if gpus else 1)
+    cpus = resources.get("CPU", 1.0)
+    cpu_actors = options.cpu_concurrency or max(1, int(cpus - restore_actors) // 2)
+    per_actor = min(options.cpus_per_actor, cpus / (restore_actors + 2 * cpu_actors))
+    settings = replace(settings, device="cuda" if gpus else "cpu")
+    def pool(n: int) -> Any:
+        return ray.data.ActorPoolStrategy(size=n)
+
+    common = {"batch_format": "pyarrow", "fn_constructor_kwargs": {"settings": settings, "tune": tune}}
+    ds = ray.data.from_items(rows, override_num_blocks=min(len(rows), 2000))
+    ds = ds.map_batches(Prepare, batch_size=1, compute=pool(cpu_actors), num_cpus=per_actor, **common)
+    ds = ds.map_batches(Restore, batch_size=options.batch_size, compute=pool(restore_actors), num_gpus=gpus or None,
+                        num_cpus=per_actor, **common)
+    finish_args = {**common["fn_constructor_kwargs"], "naming": naming, "remote": remote, "save_faces": save_faces,
+                   "save_comparison": save_comparison}
+    ds = ds.map_batches(Finish, batch_size=1, compute=pool(cpu_actors), num_cpus=per_actor,
+                        batch_format="pyarrow", fn_constructor_kwargs=finish_args)
+    jobs: dict[int, ImageJob] = {}
+    try:
+        for row in ds.iter_rows():
+            job = _job_from_row(row)
+            if job.index in jobs:                    # a retried task's row again: the same file, counted once
+                continue
+            jobs[job.index] = job
+            if on_result is not None:
+                on_result(job)
+    except KeyboardInterrupt:                        # files written so far are complete (atomic writes)
+        return list(jobs.values()), True
+    return list(jobs.values()), False
+
+
+def _planned_job(index: int, file: tuple[Path, str], status: str, message: str) -> ImageJob:
+    job = ImageJob(source=str(file[0]), index=index, stem=file[1])
+    job.status, job.error = status, message
+    return job

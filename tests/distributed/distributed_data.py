@@ -1,0 +1,95 @@
+"""Shared inputs of the scale-out tests: a small mixed folder (faces, no face, a broken file), the settings of a
+GPEN-BFR-256 generator from an official-layout checkpoint, and output comparison within 1 grey level."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+from conftest_weights import checkpoint_file
+from PIL import Image
+
+from gpen_tune.face import samples
+from gpen_tune.load import load_model
+from gpen_tune.pipeline.settings import EnhanceSettings
+from gpen_tune.restore import Restorer
+
+MODEL = "GPEN-BFR-256"
+BROKEN = "broken.png"
+EXT = "png"          # lossless outputs: a 1-level difference before a JPEG encode can become 2 after it
+
+
+def mixed_folder(folder: Path) -> Path:
+    """astronaut, Grace Hopper (JPEG), a 3-face mosaic, a wall without faces and a file that is no image."""
+    folder.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(samples.astronaut()).save(folder / "astronaut.png")
+    Image.fromarray(samples.grace_hopper()).save(folder / "hopper.jpg", quality=92)
+    Image.fromarray(samples.mosaic(3, 0)).save(folder / "mosaic.png")
+    Image.fromarray(np.full((96, 128, 3), 90, np.uint8)).save(folder / "wall.png")
+    (folder / BROKEN).write_bytes(b"\x89PNG\r\n\x1a\n this is not an image")
+    return folder
+
+
+def settings(**overrides) -> EnhanceSettings:
+    base = dict(model=MODEL, weights=str(checkpoint_file(MODEL)), detector="mtcnn", device="cpu", batch_size=3)
+    return EnhanceSettings(**{**base, **overrides})
+
+
+def read_outputs(folder: Path) -> dict[str, np.ndarray]:
+    """Every file of an output folder (hidden temp files included, so a leftover would show) as pixels."""
+    return {p.relative_to(folder).as_posix(): np.asarray(Image.open(p)) for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def assert_same_outputs(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert a[name].shape == b[name].shape, name
+        diff = np.abs(a[name].astype(np.int32) - b[name].astype(np.int32)).max()
+        assert diff <= 1, f"{name}: {diff} grey levels apart"
+
+
+def cpu_model():
+    return load_model(str(checkpoint_file(MODEL)), model=MODEL, device="cpu")
+
+
+class LosesDevice(Restorer):
+    """A CPU restorer whose device is lost after `after` batches (every later batch raises as CUDA would)."""
+
+    def __init__(self, after: int, lost: threading.Event | None = None):
+        super().__init__(cpu_model(), device="cpu", size=256, max_batch=3)
+        self.after = after
+        self.lost = lost
+        self.calls = 0
+
+    def submit(self, crops, download: bool = True):
+        self.calls += 1
+        if self.calls > self.after:
+            if self.lost is not None:
+                self.lost.set()
+            raise RuntimeError("CUDA error: device lost")
+        return super().submit(crops, download)
+
+
+class WaitsForLoss(Restorer):
+    """A healthy CPU restorer that starts its first batch only once the other device is lost, so that the lost
+    device is sure to have had work (the wait is bounded so a broken run fails instead of hanging)."""
+
+    def __init__(self, lost: threading.Event):
+        super().__init__(cpu_model(), device="cpu", size=256, max_batch=3)
+        self.lost = lost
+
+    def submit(self, crops, download: bool = True):
+        self.lost.wait(timeout=120)
+        return super().submit(crops, download)
+
+
+class LosingFactory:
+    """Builds a `LosesDevice` inside a worker process (picklable: the process mode's test hook)."""
+
+    def __init__(self, after: int):
+        self.after = after
+
+    def __call__(self) -> LosesDevice:
+        return LosesDevice(self.after)

@@ -1,0 +1,158 @@
+"""`--devices` on CPU stand-in devices: one shared queue, outputs equal to one device, a lost device's work retried
+on another, ordered sinks written in source order, the per-device summary."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from distributed_data import (
+    BROKEN,
+    EXT,
+    LosesDevice,
+    WaitsForLoss,
+    assert_same_outputs,
+    mixed_folder,
+    read_outputs,
+    settings,
+)
+
+from gpen_tune.distributed.devices import DevicePool, is_device_failure, parse_devices
+from gpen_tune.face import samples
+from gpen_tune.pipeline.api import Pipeline, enhance
+from gpen_tune.pipeline.scheduler import SchedulerConfig
+from gpen_tune.pipeline.sinks import MemorySink
+from gpen_tune.pipeline.sources import ArraySource
+
+SMALL = SchedulerConfig(workers=1, prepare_workers=1, max_inflight=2)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray], dict[str, str]]:
+    """The mixed folder through one pipeline: (input folder, outputs, status per input)."""
+    tmp = tmp_path_factory.mktemp("plain")
+    folder = mixed_folder(tmp / "in")
+    result = enhance([folder], tmp / "out", settings(), ext=EXT)
+    return folder, read_outputs(tmp / "out"), {Path(j.source).name: j.status for j in result.jobs}
+
+
+def statuses(result) -> dict[str, str]:
+    return {Path(j.source).name: j.status for j in result.jobs}
+
+
+def test_two_devices_equal_one(plain, tmp_path: Path) -> None:
+    folder, outputs, status = plain
+    with DevicePool(settings(), devices=["cpu", "cpu"]) as pool:
+        result = enhance([folder], tmp_path / "out", ext=EXT, pipeline=pool)
+        lanes = pool.device_summary()
+    assert_same_outputs(read_outputs(tmp_path / "out"), outputs)
+    assert statuses(result) == status and status[BROKEN] == "error" and status["wall.png"] == "no_face"
+    assert result.exit_code == 1
+    broken = next(j for j in result.jobs if j.source.endswith(BROKEN))
+    assert broken.error.startswith(str(folder / BROKEN)) and "\n" not in broken.error
+    assert sum(lane["images"] for lane in lanes) == 5                      # each input once, over both
+    assert sum(lane["faces"] for lane in lanes) == result.summary.faces
+    assert [j.index for j in result.summary.results] == sorted(j.index for j in result.summary.results)
+
+
+def test_lost_device_work_is_retried_on_the_other(plain, tmp_path: Path) -> None:
+    folder, outputs, status = plain
+    lost = threading.Event()
+    restorers = [LosesDevice(after=0, lost=lost), WaitsForLoss(lost)]
+    with DevicePool(settings(), devices=["cpu", "cpu"], restorers=restorers) as pool:
+        result = enhance([folder], tmp_path / "out", ext=EXT, pipeline=pool, config=SMALL)
+        first, second = pool.device_summary()
+        again = enhance([folder / "astronaut.png"], tmp_path / "again", ext=EXT, pipeline=pool)   # one device now
+        first_again, second_again = pool.device_summary()
+    assert_same_outputs(read_outputs(tmp_path / "out"), outputs)
+    assert statuses(result) == status
+    assert "device lost" in first["lost"] and first["retried_elsewhere"] >= 1 and first["faces"] == 0
+    assert second["lost"] is None and second["faces"] == result.summary.faces
+    assert again.exit_code == 0 and first_again["images"] == first["images"]
+    assert second_again["images"] == second["images"] + 1
+
+
+def test_every_device_lost_fails_each_input_in_one_line(tmp_path: Path) -> None:
+    folder = mixed_folder(tmp_path / "in")
+    restorers = [LosesDevice(after=0), LosesDevice(after=0)]
+    with DevicePool(settings(), devices=["cpu", "cpu"], restorers=restorers) as pool:
+        result = enhance([folder], tmp_path / "out", ext=EXT, pipeline=pool, serial=True)
+    by_name = {Path(j.source).name: j for j in result.jobs}
+    assert by_name["wall.png"].status == "no_face"                       # nothing for a device to do
+    for name in ("astronaut.png", "hopper.jpg", "mosaic.png"):
+        assert by_name[name].status == "error" and "every device was lost" in by_name[name].error
+        assert by_name[name].error.startswith(str(folder / name)) and "\n" not in by_name[name].error
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["wall.png"]
+    assert result.exit_code == 1
+
+
+class OrderedRecorder(MemorySink):
+    """An ordered sink (as a video encoder): records the order in which it was written."""
+
+    ordered = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.order: list[int] = []
+
+    def write(self, job) -> None:
+        self.order.append(job.index)
+        return super().write(job)
+
+
+def test_ordered_sink_gets_source_order_across_devices_and_a_loss() -> None:
+    tiles = [samples.mosaic(1, seed) for seed in range(6)]
+    with Pipeline(settings()) as one:
+        expected = OrderedRecorder()
+        one.run(ArraySource(tiles), expected, config=SMALL)
+    lost = threading.Event()
+    with DevicePool(settings(), devices=["cpu", "cpu"], restorers=[LosesDevice(after=1, lost=lost),
+                                                                   WaitsForLoss(lost)]) as pool:
+        sink = OrderedRecorder()
+        summary = pool.run(ArraySource(tiles), sink, config=SMALL)
+    assert sink.order == list(range(6)) == expected.order
+    assert [j.index for j in summary.results] == list(range(6)) and summary.failed == 0
+    for i in range(6):
+        assert np.abs(sink.results[i].astype(int) - expected.results[i].astype(int)).max() <= 1
+
+
+def test_parse_devices_and_failure_kinds() -> None:
+    assert parse_devices("cpu,cpu") == ["cpu", "cpu"]
+    assert parse_devices(["cpu"]) == ["cpu"]
+    import torch
+
+    if torch.cuda.device_count() == 0:
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            parse_devices("all")
+        with pytest.raises(ValueError, match="only 0 CUDA GPU"):
+            parse_devices("0,1")
+    with pytest.raises(ValueError, match="GPU numbers"):
+        parse_devices("gpu0")
+    assert is_device_failure(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    assert is_device_failure("photo.jpg: RuntimeError: CUDA error: device lost")
+    assert not is_device_failure(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not is_device_failure("photo.jpg: not an image (or a format Pillow cannot read)")
+
+
+def test_a_video_runs_on_one_device_of_a_pool_as_on_one_pipeline(tmp_path: Path) -> None:
+    """A video keeps its tracker's frame order: the pool runs it on its first device, the same as one pipeline."""
+    import av
+    from video.clips import make_clip
+
+    clip = make_clip(tmp_path / "clip.mp4", n=6, audio=False, subtitles=False)
+    plain = enhance([clip], tmp_path / "plain", settings())
+    with DevicePool(settings(), devices=["cpu", "cpu"]) as pool:
+        shared = enhance([clip], tmp_path / "pool", pipeline=pool)
+        lanes = pool.device_summary()
+    assert plain.exit_code == shared.exit_code == 0
+    assert shared.jobs[0].video["frames"] == plain.jobs[0].video["frames"] == 6
+    assert shared.jobs[0].video["faces"] == plain.jobs[0].video["faces"] > 0
+    assert [lane["images"] for lane in lanes] == [6, 0]
+
+    def frames(path: Path) -> np.ndarray:
+        with av.open(str(path)) as f:
+            return np.stack([fr.to_ndarray(format="rgb24") for fr in f.decode(video=0)]).astype(np.int32)
+
+    assert np.abs(frames(tmp_path / "plain" / "clip.mp4") - frames(tmp_path / "pool" / "clip.mp4")).mean() < 0.5
