@@ -37,8 +37,7 @@ class AmpMode(str, Enum):
 
 
 PresetOpt = Annotated[Preset | None, typer.Option(
-    "--preset", metavar="NAME", help="auto, speed, balanced or low-memory: a set of the switches below (flags "
-    "override it).",
+    "--preset", metavar="NAME", help="auto, speed, balanced or low-memory (flags below override it).",
     rich_help_panel=PANEL, case_sensitive=False)]
 LazyDetectorOpt = Annotated[bool | None, typer.Option(
     "--lazy-detector/--no-lazy-detector", help=switch_short("lazy_detector"), rich_help_panel=PANEL,

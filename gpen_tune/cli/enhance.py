@@ -74,15 +74,15 @@ def enhance(
                                                        show_default=False)] = None,
     input_: Annotated[list[str] | None, _opt("-i", "--input", panel=IO_PANEL, show_default=False,
                                              help="An input, as the positional arguments (repeatable).")] = None,
-    output: Annotated[str, _opt("-o", "--output", panel=IO_PANEL, help="Output folder (created); with --ray also a "
-                                       "URL such as s3://bucket/out.")] = "out",
+    output: Annotated[str, _opt("-o", "--output", panel=IO_PANEL, show_default=False,
+                                 help="Output folder, created (default out; with --ray also s3://...).")] = "out",
     recursive: Annotated[bool, _opt("-r", "--recursive", panel=IO_PANEL, help="Descend into sub-folders.")] = False,
-    ext: Annotated[str | None, _opt("--ext", panel=IO_PANEL, help="Output format: jpg, png, webp, bmp, tiff; mp4, "
-                                    "mkv, mov, webm for videos (default: as the input).")] = None,
+    ext: Annotated[str | None, _opt("--ext", panel=IO_PANEL, help="jpg, png, webp, bmp, tiff; mp4, mkv, mov, webm "
+                                    "(default: as the input).")] = None,
     suffix: Annotated[str, _opt("--suffix", panel=IO_PANEL, help="Added to every output name.")] = "",
     name_pattern: Annotated[str, _opt("--name-pattern", panel=IO_PANEL, show_default=False,
-                                      help="Output file name from {name}, {suffix} and {ext} "
-                                      "(default: {name}{suffix}.{ext}).")] = "{name}{suffix}.{ext}",
+                                      help="File name from {name}, {suffix}, {ext} (default {name}{suffix}.{ext})."
+                                      )] = "{name}{suffix}.{ext}",
     overwrite: Annotated[bool, _opt("--overwrite", panel=IO_PANEL, help="Replace outputs that already exist.")]
     = False,
     skip_existing: Annotated[bool, _opt("--skip-existing", panel=IO_PANEL,
@@ -120,18 +120,18 @@ def enhance(
                               help="Upscale in overlapping tiles of PX (default 0: whole photo).")] = 0,
     model: Annotated[str, _opt("--model", panel=MODEL_PANEL, show_default=False,
                                help="GPEN-BFR-256, -512 (default), -1024 or -2048.")] = "GPEN-BFR-512",
-    weights: Annotated[str | None, _opt("--weights", panel=MODEL_PANEL, help="A .pth file, a registry name or "
-                                        "'synthetic' (default: the cached file of --model).")] = None,
+    weights: Annotated[str | None, _opt("--weights", panel=MODEL_PANEL, metavar="PATH|NAME",
+                                        help="A .pth file, a registry name or 'synthetic' (default: cached).")] = None,
     device: Annotated[DeviceChoice, _opt("--device", panel=MODEL_PANEL, show_default=False,
                                          help="auto (default) = cuda > mps > cpu.")] = DeviceChoice.auto,
     detector: Annotated[DetectorChoice, _opt("--detector", panel=DETECT_PANEL, metavar="NAME", show_default=False,
-                                             help="retinaface_resnet50, retinaface_mobile0.25, mtcnn (offline) or "
-                                             "auto (default).")] = DetectorChoice.auto,
+                                             help="retinaface_resnet50, retinaface_mobile0.25, mtcnn or auto.")]
+    = DetectorChoice.auto,
     detector_weights: Annotated[str | None, _opt("--detector-weights", panel=DETECT_PANEL, metavar="PATH",
                                                  help="RetinaFace weights file or URL.")] = None,
     det_size: Annotated[int | None, _opt("--det-size", panel=DETECT_PANEL, show_default=False, metavar="PX",
-                                         help="Detect on a copy with this long side, 0 = native (default 1024; "
-                                         "native with --no-face-crop).")] = None,
+                                         help="Long side of the detection copy (default 1024; 0 = native).")]
+    = None,
     det_threshold: Annotated[float | None, _opt("--det-threshold", panel=DETECT_PANEL, metavar="0..1",
                                                 help="Minimum face score (default 0.9).")] = None,
     template: Annotated[TemplateChoice, _opt("--template", panel=DETECT_PANEL, show_default=False,
@@ -148,7 +148,7 @@ def enhance(
                                            help="Run the detector in its own process (big folders on a GPU).")]
     = False,
     codec: Annotated[str | None, _opt("--codec", panel=VIDEO_PANEL, metavar="NAME", help="Video encoder, e.g. "
-                                      "libx264, libx265, h264_nvenc (default: the input's codec family).")] = None,
+                                      "libx265, h264_nvenc (default: the input's codec family).")] = None,
     crf: Annotated[float | None, _opt("--crf", panel=VIDEO_PANEL, metavar="Q", help="Video quality, lower is "
                                       "better (default: visually lossless for the codec).")] = None,
     smooth: Annotated[bool, _opt("--smooth/--no-smooth", panel=VIDEO_PANEL, show_default=False,

@@ -186,6 +186,11 @@ def resolve_preset(name: str | None, device="cuda") -> tuple[str, TuneConfig, st
     return name, PRESETS[name], f"preset {name}"
 
 
+def preset(name: str = "auto", device="cuda") -> TuneConfig:
+    """The TuneConfig of a named preset (`gpen_tune.preset("speed")`); "auto" decides from `device`."""
+    return resolve_preset(name, device)[1]
+
+
 def with_overrides(base: TuneConfig, **overrides) -> TuneConfig:
     """`base` with every override that is not None applied (CLI flags given explicitly win over the preset)."""
     given = {k: v for k, v in overrides.items() if v is not None}
