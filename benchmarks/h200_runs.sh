@@ -58,6 +58,7 @@
 #   abab-detector-process                 run 2026-12-01 08:03 UTC: A/B/A/B detector thread / process, 1,024 photos (~2 min)
 #   detector-process-4096                 run 2026-12-01 08:08 UTC: detector thread vs process, 4,096 photos (~2 min)
 #   targets-4096-tests                    run 2026-12-01 08:13 UTC: 4,096 photos with --detector-process, serial on the first 256 and pipeline in one run; all GPU tests (~4 min)
+#   redesign-measurements                 GPU tests; folder A/B/A before/after the redesign (1,024 photos); 1080p video; 6.8 MP group photo; 4 GB mode (~9 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -534,6 +535,32 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
     folder512 300 8 --images 4096 --serial-images 256 --detector-process
     step "GPU tests (all)"
     timeout 250 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | grep -v -i warn | tail -8 >> "$LOG"
+    ;;
+  redesign-measurements)
+    # needs .whl (facenet-pytorch, facexlib, filterpy, av), .ab_old (`git archive 8900259 gpen_tune
+    # benchmarks/throughput.py`: the code before the redesign) and .data/solvay_conference_1927.png carried
+    step "GPU tests (all)"
+    timeout 200 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | grep -v -i warn | tail -12 >> "$LOG"
+    step "folder A/B/A on 1,024 photos, --detector-process: the code before the redesign / after / before"
+    for side in before after before; do
+      if [ "$side" = before ]; then
+        (cd .ab_old && PYTHONPATH="$PWD:${PYTHONPATH#*:}" timeout 110 "$PY" benchmarks/throughput.py \
+          --model GPEN-BFR-512 --preset speed --batch 32 --images 1024 --skip-serial --detector-process \
+          --out "$DEST" 2>&1 | tail -4 >> "$LOG")
+      else
+        folder512 110 4 --images 1024 --skip-serial --detector-process
+      fi
+    done
+    step "video: 1080p one face and group, serial vs pipeline, flicker with and without smoothing"
+    timeout 150 "$PY" benchmarks/video.py --model GPEN-BFR-512 --preset speed --frames 240 --out "$DEST" 2>&1 \
+      | tail -8 >> "$LOG"
+    step "6.8 MP group photo (Solvay x3, 29 faces), warm, seconds per image"
+    timeout 60 "$PY" benchmarks/group_photo.py --image .data/solvay_conference_1927.png --model GPEN-BFR-512 \
+      --preset speed --repeats 10 --out "$DEST" 2>&1 | tail -14 >> "$LOG"
+    if [ -f benchmarks/low_memory.py ]; then
+      step "4 GB mode: the whole pipeline under a 4 GiB cap, low-memory and auto"
+      timeout 120 "$PY" benchmarks/low_memory.py --out "$DEST" 2>&1 | tail -10 >> "$LOG"
+    fi
     ;;
   *) echo "usage: $0 NAME (the names are listed at the top of $0)" >&2; exit 2 ;;
 esac
