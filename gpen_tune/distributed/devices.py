@@ -41,6 +41,12 @@ from typing import Any
 import cv2
 import torch
 
+from gpen_tune.distributed.lanes import (
+    GuardedRestorer,
+    build_lane_restorer,
+    is_device_failure,
+    on_device,
+)
 from gpen_tune.face.detect import default_notify
 from gpen_tune.pipeline.api import Pipeline
 from gpen_tune.pipeline.job import ImageJob
@@ -48,13 +54,9 @@ from gpen_tune.pipeline.scheduler import RunSummary, SchedulerConfig, dropped
 from gpen_tune.pipeline.settings import EnhanceSettings, resolve_weights
 from gpen_tune.pipeline.sinks import FileSink, Sink
 from gpen_tune.pipeline.sources import FileSource, Source, SourceItem
-from gpen_tune.restore import Restorer, build_restorer, default_batch_size
+from gpen_tune.restore import Restorer
 from gpen_tune.tune.options import TuneConfig
 
-# what a device failure says (torch's CUDA runtime errors, cuBLAS/cuDNN failures, a GPU that fell off the bus)
-DEVICE_FAILURE_MARKERS = ("cuda error", "device lost", "cublas_status", "cudnn_status", "device-side assert",
-                          "illegal memory access", "unspecified launch failure", "ecc error", "gpu is lost",
-                          "acceleratorerror")
 REORDER_WINDOW = 256      # an ordered run hands out inputs at most this far ahead of the next one written
 _POLL_S = 0.05
 
@@ -86,73 +88,6 @@ def parse_devices(spec: str | Sequence[str]) -> list[str]:
     return devices
 
 
-def is_device_failure(error: BaseException | str | None) -> bool:
-    """Whether an exception (or a job's one-line error) is the device's fault rather than the input's."""
-    if error is None:
-        return False
-    text = (f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else error).lower()
-    return "out of memory" not in text and any(m in text for m in DEVICE_FAILURE_MARKERS)
-
-
-class DeviceLost(RuntimeError):
-    """A batch refused because its device failed earlier."""
-
-
-class _GuardedBatch:
-    def __init__(self, batch: Any, guard: GuardedRestorer):
-        self._batch, self._guard = batch, guard
-
-    def result(self) -> Any:
-        try:
-            return self._batch.result()
-        except Exception as e:
-            self._guard.observe(e)
-            raise
-
-    def __getattr__(self, name: str) -> Any:        # done(), device_out, submitted_at
-        return getattr(self._batch, name)
-
-
-class GuardedRestorer:
-    """A device's restorer: a device failure marks the device lost; later batches are refused at once."""
-
-    def __init__(self, restorer: Restorer, device: str):
-        self.inner = restorer
-        self.device_name = device
-        self.lost: str | None = None                 # the failure's one line, once lost
-
-    def observe(self, exc: BaseException) -> None:
-        if is_device_failure(exc):
-            self.mark_lost(f"{type(exc).__name__}: {' '.join(str(exc).split())}")
-
-    def mark_lost(self, reason: str) -> None:
-        if self.lost is None:
-            self.lost = reason
-
-    def _check(self) -> None:
-        if self.lost is not None:
-            raise DeviceLost(f"CUDA error: device {self.device_name} lost earlier ({self.lost})")
-
-    def submit(self, crops: Sequence[Any], download: bool = True) -> _GuardedBatch:
-        self._check()
-        try:
-            return _GuardedBatch(self.inner.submit(crops, download=download), self)
-        except Exception as e:
-            self.observe(e)
-            raise
-
-    def restore_crops(self, crops: Sequence[Any]) -> Any:
-        self._check()
-        try:
-            return self.inner.restore_crops(crops)
-        except Exception as e:
-            self.observe(e)
-            raise
-
-    def __getattr__(self, name: str) -> Any:        # limit, take, device, size, times, report fields
-        return getattr(self.inner, name)
-
-
 @dataclass(eq=False)
 class Lane:
     """One device: its pipeline and what it did."""
@@ -179,34 +114,6 @@ class Lane:
                 "faces_per_s": round(self.faces / self.busy_s, 3) if self.busy_s else None,
                 "lost": self.lost_reason or (self.guard.lost if self.guard is not None else None),
                 "retried_elsewhere": self.retried}
-
-
-class _on_device:
-    """Make a GPU current while a lane's parts are built there (CUDA graphs capture on the current device)."""
-
-    def __init__(self, device: str):
-        self.context = torch.cuda.device(torch.device(device)) if device.startswith("cuda") else None
-
-    def __enter__(self) -> None:
-        if self.context is not None:
-            self.context.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.context is not None:
-            self.context.__exit__(*exc)
-
-
-def build_lane_restorer(settings: EnhanceSettings, tune: TuneConfig, device: str,
-                        notify: Callable[[str], None]) -> Restorer:
-    """The generator behind its switches on one device (as `Pipeline` builds it)."""
-    from gpen_tune.load import load_model  # the loader pulls in the weights registry: only when building
-
-    dev = torch.device(device)
-    model = load_model(resolve_weights(settings, notify), model=settings.model, device=dev)
-    restorer = build_restorer(model, tune, device=dev, max_batch=settings.batch_size or default_batch_size(dev))
-    for msg in restorer.fallbacks:
-        notify(msg)
-    return restorer
 
 
 @dataclass
@@ -311,6 +218,7 @@ class DevicePool:
                  devices: Sequence[str], mode: str = "auto", restorers: Sequence[Restorer] | None = None,
                  restorer_factories: Sequence[Callable[[], Restorer] | None] | None = None,
                  notify: Callable[[str], None] = default_notify):
+        self._save_mask = False
         self.settings = settings or EnhanceSettings()
         self.tune = tune or TuneConfig()
         self.notify = notify
@@ -340,7 +248,7 @@ class DevicePool:
         """A thread lane's pipeline: its own restorer (built on its device) and detector."""
         quiet = self.notify if lane is self.lanes[0] else (lambda _msg: None)
         settings = self._lane_settings(lane.name)
-        with _on_device(lane.name):
+        with on_device(lane.name):
             if restorer is None:
                 restorer = build_lane_restorer(settings, self.tune, lane.name, quiet)
             lane.guard = GuardedRestorer(restorer, lane.name)
@@ -367,7 +275,7 @@ class DevicePool:
         names = []
         for lane in self.lanes:
             if lane.pipeline is not None:
-                with _on_device(lane.name):
+                with on_device(lane.name):
                     names.append(lane.pipeline.prepare())
         return names[0] if names else (None if self.settings.aligned else self.settings.detector)
 
@@ -388,8 +296,10 @@ class DevicePool:
     # -- running ------------------------------------------------------------------------------------------------
     def run(self, source: Source, sink: Sink, *, serial: bool = False, config: SchedulerConfig = SchedulerConfig(),
             on_result: Callable[[ImageJob], None] | None = None, on_faces: Callable[[int], None] | None = None,
-            save_faces: bool = False, tracker: Any = None) -> RunSummary:
-        """Every item of `source` into `sink` over the devices; results in source order, as `Pipeline.run`."""
+            save_faces: bool = False, tracker: Any = None, save_mask: bool = False) -> RunSummary:
+        """Every item of `source` into `sink` over the devices; results in source order, as `Pipeline.run`
+        (`save_mask` is kept by thread lanes; worker processes do not write blend weights)."""
+        self._save_mask = save_mask
         t0 = time.perf_counter()
         live = [lane for lane in self.lanes if not lane.lost]
         if not live:
@@ -404,7 +314,7 @@ class DevicePool:
             lane = live[0]
             summary = lane.pipeline.run(source, sink, serial=serial, config=config, on_result=on_result,
                                         on_faces=self._counting(lane, on_faces), save_faces=save_faces,
-                                        tracker=tracker)
+                                        tracker=tracker, save_mask=save_mask)
             lane.images += len(summary.results)
             lane.busy_s += summary.wall_s
             return summary
@@ -496,7 +406,8 @@ class DevicePool:
                 torch.cuda.set_device(device)        # this thread's kernels (serial path, ordered writes) on its GPU
             try:
                 summary = lane.pipeline.run(lane_source, lane_sink, serial=serial, config=config, on_result=settle,
-                                            on_faces=self._counting(lane, on_faces), save_faces=save_faces)
+                                            on_faces=self._counting(lane, on_faces), save_faces=save_faces,
+                                            save_mask=self._save_mask)
                 if summary.interrupted:
                     shared.stopped = True
                     for local, job in enumerate(summary.results):     # taken but never started: dropped

@@ -74,7 +74,7 @@ def _worker_main(spec: WorkerSpec, tasks: Any, results: Any, wid: int) -> None:
     if device.startswith("cuda"):
         os.environ["CUDA_VISIBLE_DEVICES"] = device.split(":")[1] if ":" in device else "0"
         device = "cuda:0"                          # read at CUDA's start, which comes after this line
-    from gpen_tune.distributed.devices import GuardedRestorer, build_lane_restorer, is_device_failure
+    from gpen_tune.distributed.lanes import GuardedRestorer, build_lane_restorer, is_device_failure
     from gpen_tune.pipeline.api import Pipeline
     from gpen_tune.pipeline.sinks import FileSink
 

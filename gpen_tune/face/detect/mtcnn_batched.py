@@ -31,7 +31,7 @@ index uploads are pinned and non-blocking), R-Net and O-Net: a few each, one dow
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -41,9 +41,6 @@ from gpen_tune.ops import nms as nms_ops
 from gpen_tune.ops.area_resize import integral
 from gpen_tune.ops.nms import grouped_nms
 from gpen_tune.ops.transfer import to_device_async
-
-if TYPE_CHECKING:                    # the fixed-canvas P-Net (mtcnn_fixed.py) builds on this module
-    from gpen_tune.face.detect.mtcnn_fixed import FixedCanvasPNet
 
 PNET_MAX_PIXELS = 16 * 1024 * 1024   # canvas pixels per P-Net call (~150 B/px of activations: ~2.5 GB)
 CROPS_PER_CALL = 8192                # boxes per R-Net / O-Net call
@@ -64,7 +61,7 @@ def detect_mtcnn_batched(
     thresholds: Sequence[float] = (0.6, 0.7, 0.7),
     factor: float = 0.709,
     device: str | torch.device | None = None,
-    fixed: FixedCanvasPNet | None = None,
+    fixed: Any = None,                   # a mtcnn_fixed.FixedCanvasPNet (it builds on this module)
     nms: nms_ops.Impl = "auto",
     area: area_ops.Impl = "auto",
 ) -> list[Result]:
