@@ -130,7 +130,7 @@ def test_disable_after_a_failure_warns_once_and_keeps_the_conv_path():
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
     proc = subprocess.run([sys.executable, "-c", _DISABLE_SCRIPT], capture_output=True, text=True, env=env,
                           cwd=root, timeout=300)

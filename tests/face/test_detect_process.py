@@ -38,7 +38,7 @@ from gpen_tune.model.configs import GPENConfig
 from gpen_tune.throughput import enhance_folder
 from gpen_tune.throughput.stages import EnhancerStages
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 2          # grey levels: faces may share other generator batches in two pipelined runs
 
 

@@ -31,7 +31,7 @@ from gpen_tune.throughput.runner import RunnerConfig, default_workers, run_pipel
 from gpen_tune.throughput.stages import EnhancerStages
 
 TOLERANCE = 2          # grey levels, pipelined vs serial output
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------------------------------- fixtures

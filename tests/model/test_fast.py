@@ -26,7 +26,7 @@ from gpen_tune.model.reference import reference_forward
 from gpen_tune.ops import modconv_epilogue as E
 from gpen_tune.ops.fir import fused_leaky_relu, make_kernel, upfirdn2d
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FP32_TOL = 1e-4
 TINY = {32: GPENConfig(32, narrow=0.25), 64: GPENConfig(64, narrow=0.25)}
 

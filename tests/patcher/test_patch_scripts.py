@@ -15,7 +15,7 @@ from skimage import data
 sys.path.insert(0, str(Path(__file__).parent))
 from test_patch_engine import copy_checkout  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = [REPO / "scripts" / "gpen_optimize.sh", REPO / "scripts" / "gpen_batch.sh"]
 SHELL = shutil.which("dash") or "/bin/sh"
 
