@@ -15,9 +15,12 @@ from typer.testing import CliRunner
 import gpen_tune
 from gpen_tune.cli import app
 from gpen_tune.face import samples
-from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, resolve_device
 from gpen_tune.model.configs import GPENConfig
+from gpen_tune.pipeline import ArraySource, EnhanceSettings, FileSink, FileSource, OutputNaming, Pipeline
+from gpen_tune.pipeline.settings import resolve_device
+from gpen_tune.restore import as_restorer
 from gpen_tune.restore.convert import to_uint8_nhwc
+from gpen_tune.tune import TuneConfig
 
 MODEL = "GPEN-BFR-256"
 
@@ -136,6 +139,26 @@ class CountingDetector:
         pass
 
 
+class KeepSink:
+    """A sink that keeps what each job holds at write time (the scheduler frees the pixels after writing)."""
+
+    ordered = False
+
+    def __init__(self):
+        self.jobs, self.results, self.restored = {}, {}, {}
+
+    def write(self, job):
+        self.jobs[job.index] = job
+        self.results[job.index] = job.result.rgb.copy()
+        self.restored[job.index] = [f.restored.copy() for f in job.faces]
+
+
+def serial_run(pipe: Pipeline, images) -> KeepSink:
+    sink = KeepSink()
+    pipe.run(ArraySource(images), sink, serial=True)
+    return sink
+
+
 def test_faces_of_several_images_share_batches(model):
     calls: list[int] = []
 
@@ -145,15 +168,16 @@ def test_faces_of_several_images_share_batches(model):
         return model(x)
 
     det = CountingDetector()
-    e = Enhancer(EnhanceSettings(device="cpu", batch_size=3), model=model, restore=restore, detector=det)
-    jobs = e.prepare([samples.astronaut(), samples.grace_hopper(), samples.mosaic()])
-    assert [len(j.faces) for j in jobs] == [1, 1, 6]
-    e.restore(jobs)
-    assert calls == [3, 3, 2] and det.hooks == 3
-    for j in jobs:
-        out = e.finish(j)
-        assert j.status == "ok" and out.rgb.shape == j.picture.rgb.shape
-        assert j.timings["restore"] > 0 and all(f.restored.shape == (64, 64, 3) for f in j.faces)
+    images = [samples.astronaut(), samples.grace_hopper(), samples.mosaic()]
+    restorer = as_restorer(restore, device="cpu", size=64, max_batch=3)
+    pipe = Pipeline(EnhanceSettings(device="cpu", batch_size=3), TuneConfig(lazy_detector=True), restorer=restorer,
+                    detector=det)
+    sink = serial_run(pipe, images)
+    assert [len(sink.jobs[i].faces) for i in range(3)] == [1, 1, 6]
+    assert calls == [3, 3, 2] and det.hooks == 3                 # 8 faces of 3 images in 3 batches
+    for i, j in sink.jobs.items():
+        assert j.status == "ok" and sink.results[i].shape == images[i].shape
+        assert j.timings["restore"] > 0 and all(r.shape == (64, 64, 3) for r in sink.restored[i])
 
 
 def test_enhance_image_library_call(model):
@@ -163,17 +187,17 @@ def test_enhance_image_library_call(model):
     changed = (out != img).any(axis=2)
     ys, xs = np.nonzero(changed)
     assert 100 < xs.mean() < 350 and ys.mean() < 250          # only around the face
-    zero = Enhancer(EnhanceSettings(device="cpu", strength=0.0), model=model, detector=CountingDetector())
-    assert np.array_equal(gpen_tune.enhance_image(img, enhancer=zero), img)
-    one = Enhancer(EnhanceSettings(device="cpu"), model=model, detector=CountingDetector())
+    zero = Pipeline(EnhanceSettings(device="cpu", strength=0.0), model=model, detector=CountingDetector())
+    assert np.array_equal(gpen_tune.enhance_image(img, pipeline=zero), img)
+    one = Pipeline(EnhanceSettings(device="cpu"), model=model, detector=CountingDetector())
     flat = np.full((100, 140), 77, np.uint8)
-    assert np.array_equal(gpen_tune.enhance_image(flat, enhancer=one), flat)   # grayscale, no face: unchanged
+    assert np.array_equal(gpen_tune.enhance_image(flat, pipeline=one), flat)   # grayscale, no face: unchanged
 
 
 def test_only_center_face_and_ffhq_template(model):
     det = CountingDetector()
-    e = Enhancer(EnhanceSettings(device="cpu", only_center_face=True, template="ffhq"), model=model, detector=det)
-    (job,) = e.prepare([samples.mosaic()])
+    pipe = Pipeline(EnhanceSettings(device="cpu", only_center_face=True, template="ffhq"), model=model, detector=det)
+    job = serial_run(pipe, [samples.mosaic()]).jobs[0]
     assert len(job.faces) == 1
     _, dets = detections("mosaic")
     h, w = samples.mosaic().shape[:2]
@@ -186,22 +210,21 @@ def test_aligned_inputs(model):
     crops = samples.aligned_face_crops(64, n=10)
     assert crops.shape == (10, 64, 64, 3) and crops.dtype == np.uint8
     assert not np.array_equal(crops[0], crops[1]) and np.array_equal(crops[0], crops[8])   # 8 faces, repeated
-    e = Enhancer(EnhanceSettings(device="cpu", aligned=True, strength=0.5), model=model)
+    pipe = Pipeline(EnhanceSettings(device="cpu", aligned=True, strength=0.5), model=model)
     big = np.ascontiguousarray(np.kron(crops[0], np.ones((2, 2, 1), np.uint8)))   # a 128-px aligned face
-    jobs = e.prepare([crops[1], big])
-    e.restore(jobs)
-    full, half = (e.finish(j).rgb for j in jobs)
+    sink = serial_run(pipe, [crops[1], big])
+    full, half = sink.results[0], sink.results[1]
     assert full.shape == (64, 64, 3) and half.shape == (128, 128, 3)
-    restored = jobs[0].faces[0].restored.astype(float)
+    restored = sink.restored[0][0].astype(float)
     np.testing.assert_allclose(full, (restored + crops[1]) / 2, atol=1.01)
-    assert e._detector is None                                   # no detector built for aligned inputs
+    assert pipe.prepare() is None                                # no detector for aligned inputs
 
 
 def test_bf16_model_gets_bf16_batches():
     m = gpen_tune.load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cpu", dtype=torch.bfloat16)
-    e = Enhancer(EnhanceSettings(device="cpu"), model=m)
-    assert e.dtype == torch.bfloat16
-    out = e.restore_crops(samples.aligned_face_crops(64, n=2))
+    pipe = Pipeline(EnhanceSettings(device="cpu"), model=m)
+    assert pipe.restorer.dtype == torch.bfloat16
+    out = pipe.restorer.restore_crops(samples.aligned_face_crops(64, n=2))
     assert out.shape == (2, 64, 64, 3) and out.dtype == np.uint8
 
 
@@ -227,14 +250,12 @@ def test_exif_rotated_photo_is_restored_upright(tmp_path, model):
     exif[0x0112] = 6                                                  # ... and tagged "rotate 90 CW to view"
     path = tmp_path / "side.jpg"
     Image.fromarray(side).save(path, exif=exif, quality=95)
-    e = Enhancer(EnhanceSettings(device="cpu"), model=model, detector=CountingDetector())
-    (job,) = e.prepare([path])
-    assert job.picture.rgb.shape == (512, 512, 3) and len(job.faces) == 1   # upright: MTCNN finds the face
-    e.restore([job])
-    e.finish(job)
-    out = e.write(job, tmp_path / "o.jpg", "JPEG")
-    with Image.open(out) as im:
-        assert im.getexif().get(0x0112) == 1
+    pipe = Pipeline(EnhanceSettings(device="cpu"), model=model, detector=CountingDetector())
+    summary = pipe.run(FileSource([path], ["o"]), FileSink(OutputNaming(tmp_path / "out")), serial=True)
+    (job,) = summary.results
+    assert job.size == (512, 512) and len(job.faces) == 1 and job.status == "ok"   # upright: MTCNN finds it
+    with Image.open(job.output) as im:
+        assert im.size == (512, 512) and im.getexif().get(0x0112) == 1
 
 
 def test_cli_detector_process_writes_what_the_detector_thread_writes(tmp_path):
