@@ -21,6 +21,9 @@ import numpy as np
 import pytest
 import torch
 from face_testdata import mtcnn
+from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, OutputNaming
+from gpen_tune.throughput import enhance_folder
+from gpen_tune.throughput.stages import EnhancerStages
 
 from gpen_tune.face import samples
 from gpen_tune.face.detect import (
@@ -32,11 +35,8 @@ from gpen_tune.face.detect import (
     ProcessDetector,
     init_detector,
 )
-from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, OutputNaming
 from gpen_tune.load import load_model
 from gpen_tune.model.configs import GPENConfig
-from gpen_tune.throughput import enhance_folder
-from gpen_tune.throughput.stages import EnhancerStages
 
 ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 2          # grey levels: faces may share other generator batches in two pipelined runs

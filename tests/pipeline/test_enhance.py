@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import typer
-from face_testdata import detections, mtcnn
+from face_testdata import detections, mtcnn, serial_run
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -16,7 +16,7 @@ import gpen_tune
 from gpen_tune.cli import app
 from gpen_tune.face import samples
 from gpen_tune.model.configs import GPENConfig
-from gpen_tune.pipeline import ArraySource, EnhanceSettings, FileSink, FileSource, OutputNaming, Pipeline
+from gpen_tune.pipeline import EnhanceSettings, FileSink, FileSource, OutputNaming, Pipeline
 from gpen_tune.pipeline.settings import resolve_device
 from gpen_tune.restore import as_restorer
 from gpen_tune.restore.convert import to_uint8_nhwc
@@ -137,26 +137,6 @@ class CountingDetector:
 
     def close(self):
         pass
-
-
-class KeepSink:
-    """A sink that keeps what each job holds at write time (the scheduler frees the pixels after writing)."""
-
-    ordered = False
-
-    def __init__(self):
-        self.jobs, self.results, self.restored = {}, {}, {}
-
-    def write(self, job):
-        self.jobs[job.index] = job
-        self.results[job.index] = job.result.rgb.copy()
-        self.restored[job.index] = [f.restored.copy() for f in job.faces]
-
-
-def serial_run(pipe: Pipeline, images) -> KeepSink:
-    sink = KeepSink()
-    pipe.run(ArraySource(images), sink, serial=True)
-    return sink
 
 
 def test_faces_of_several_images_share_batches(model):

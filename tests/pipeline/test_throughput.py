@@ -19,16 +19,16 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, OutputNaming
+from gpen_tune.throughput import enhance_folder
+from gpen_tune.throughput.runner import RunnerConfig, default_workers, run_pipeline
+from gpen_tune.throughput.stages import EnhancerStages
 
 from gpen_tune.face import samples
-from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, OutputNaming
 from gpen_tune.load import load_model
 from gpen_tune.model.configs import GPENConfig
 from gpen_tune.restore.buckets import bucket_floor, split_sizes
 from gpen_tune.restore.restorer import Restorer
-from gpen_tune.throughput import enhance_folder
-from gpen_tune.throughput.runner import RunnerConfig, default_workers, run_pipeline
-from gpen_tune.throughput.stages import EnhancerStages
 
 TOLERANCE = 2          # grey levels, pipelined vs serial output
 ROOT = Path(__file__).resolve().parents[2]
@@ -367,10 +367,11 @@ def test_cli_sigint_prints_summary_and_exits_nonzero(tmp_path):
 
 def test_device_paste_matches_cpu_paste():
     """The grid_sample paste (run here on the CPU device) against the face part's cv2 paste: <= 2 grey levels."""
+    from gpen_tune.throughput.gpu_paste import DeviceFace, paste_faces_device
+
     from gpen_tune.face.align import alignment, warp_crop
     from gpen_tune.face.detect import init_detector
     from gpen_tune.face.paste import PasteFace, face_mask, paste_faces, soften
-    from gpen_tune.throughput.gpu_paste import DeviceFace, paste_faces_device
 
     image = samples.mosaic(6, 3)
     det = init_detector("mtcnn", device="cpu")
@@ -491,11 +492,12 @@ def test_cuda_triton_paste_matches_the_torch_paste():
     512-px crops (GPEN-512's), faces apart: within the pipeline's tolerance."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+    from gpen_tune.throughput import gpu_paste, paste_triton
+    from gpen_tune.throughput.gpu_paste import DeviceFace, paste_faces_device
+
     from gpen_tune.face.align import alignment, warp_crop
     from gpen_tune.face.detect import init_detector
     from gpen_tune.face.paste import PasteFace, face_mask, paste_faces
-    from gpen_tune.throughput import gpu_paste, paste_triton
-    from gpen_tune.throughput.gpu_paste import DeviceFace, paste_faces_device
 
     if not paste_triton.available(torch.device("cuda")):
         pytest.skip("needs Triton")
@@ -778,8 +780,9 @@ def test_detector_server_shrinks_in_the_callers_thread_with_identical_detections
 def test_device_soften_of_a_batch_equals_each_face_alone_and_the_cpu_filter():
     """The GPU paste softens a batch of small faces in one go: each face gets exactly what it gets alone, and what
     the CPU path's filter gives (the weights are multiples of 1/16: exact sums), on real face crops."""
-    from gpen_tune.face.paste import soften
     from gpen_tune.throughput.gpu_paste import _soften
+
+    from gpen_tune.face.paste import soften
 
     faces = [cv2.resize(samples.astronaut()[30:250, 140:360], (48, 48), interpolation=cv2.INTER_AREA),
              cv2.resize(samples.grace_hopper()[40:340, 100:400], (48, 48), interpolation=cv2.INTER_AREA)]

@@ -120,12 +120,12 @@ def test_help_lists_the_optimizations_panel():
 def test_compiled_restorer_sees_one_batch_shape_in_the_runner(folder, tmp_path):
     """With --compile the runner pads every batch to --batch-size (one compile, one capture); without, buckets."""
     import torch
-
     from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, OutputNaming
+    from gpen_tune.throughput.api import run_jobs
+
     from gpen_tune.load import load_model
     from gpen_tune.model.configs import GPENConfig
     from gpen_tune.restore.restorer import Restorer
-    from gpen_tune.throughput.api import run_jobs
     from gpen_tune.tune import TuneConfig
 
     model = load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cpu")

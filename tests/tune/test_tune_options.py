@@ -70,10 +70,10 @@ def test_tune_pipeline_plugs_into_the_enhancer():
     """With the pipeline part merged: enhance one real photo through the Restorer and a LazyDetector."""
     pipeline = pytest.importorskip("gpen_tune.face.pipeline", reason="needs the pipeline part (gpen_tune.face)")
     import numpy as np
+    from gpen_tune.restore.wiring import tune_pipeline
     from skimage import data
 
     from gpen_tune.load import load_model
-    from gpen_tune.restore.wiring import tune_pipeline
 
     model = load_model("synthetic", model="GPEN-BFR-256")
     cfg = TuneConfig(lazy_detector=True, act_checkpoint=True, face_crop=True)
