@@ -37,6 +37,8 @@ from gpen_tune.model.configs import GPENConfig
 from gpen_tune.pipeline import EnhanceSettings, Pipeline, SchedulerConfig, enhance
 from gpen_tune.restore import as_restorer
 
+pytestmark = pytest.mark.slow   # real spawned detector processes
+
 ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 2          # grey levels: faces may share other generator batches in two pipelined runs
 

@@ -282,6 +282,7 @@ _TRITON_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_triton_kernels_match_torch_twins_in_interpreter():
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
@@ -332,6 +333,7 @@ def test_cuda_graph_replay_matches_eager():
 # the benchmark script itself
 
 
+@pytest.mark.slow
 def test_benchmark_script_tiny_cpu(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, str(ROOT / "benchmarks" / "generator_limit.py"), "--device", "cpu", "--model", "tiny",

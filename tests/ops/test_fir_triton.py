@@ -57,6 +57,7 @@ print("RESULT" + json.dumps(res))
 """
 
 
+@pytest.mark.slow
 def test_triton_fir_matches_the_conv_path_in_interpreter():
     res = run_in_interpreter(_SCRIPT)
     for name in ("sym1", "sym2", "up2", "down2", "asym"):
@@ -123,6 +124,7 @@ print("OK")
 """
 
 
+@pytest.mark.slow
 def test_disable_after_a_failure_warns_once_and_keeps_the_conv_path():
     """A Triton compile/launch failure turns the kernel off for the process (upfirdn2d then uses the conv); in a
     process of its own, as the turn-off lasts for the process."""

@@ -194,6 +194,7 @@ def test_fp16_overflow_is_caught_and_rerun(tiny_model):
 
 # --- compile -----------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_compile_traces_gpen256_as_one_graph_and_the_compiled_module_is_used():
     """fullgraph=True on GPEN-256 (a graph break raises and would fall back): the Dynamo trace, run eagerly."""
     model = load_model("synthetic", model="GPEN-BFR-256")
@@ -216,6 +217,7 @@ def test_compile_traces_gpen256_as_one_graph_and_the_compiled_module_is_used():
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 def test_compile_failure_warns_and_runs_eager(tiny_model, tiny_ref):
     x, ref = tiny_ref
 
