@@ -29,7 +29,7 @@ def test_benchmark_tiny_mode_writes_json(tmp_path):
     (path,) = tmp_path.glob("*_throughput_cpu_GPEN-BFR-256.json")
     data = json.loads(path.read_text())
     assert "--tiny" in data["command"] and data["environment"]["torch"] == torch.__version__
-    assert set(data["runs"]) == {"serial", "pipeline", "pipeline_detector_process"}
+    assert set(data["runs"]) == {"serial", "pipeline", "pipeline_detector_process_then_default"}
     proc = data["detector_process"]
     assert proc["images"] == 2 and proc["outputs_vs_pipeline"]["compared"] == 2
     assert proc["outputs_vs_pipeline"]["max_abs"] <= TOLERANCE
