@@ -1,7 +1,32 @@
 #!/bin/sh
-# Set everything up (./.venv, dev tools) and run the whole test suite: lint, then pytest. CI runs exactly this.
+# Set everything up (./.venv, dev tools), lint, then the test suite in two tiers: the fast tier (-m "not slow")
+# first, then the slow one (Triton's interpreter, torch.compile, child processes, big models). CI runs exactly this.
+#
+#   sh scripts/test.sh                 # both tiers
+#   sh scripts/test.sh --fast          # the fast tier only (--slow: the slow tier only)
+#   sh scripts/test.sh tests/face      # both tiers, on these paths (a tier with no test there is fine)
 set -eu
 cd "$(dirname "$0")/.."
+tiers="fast slow"
+case "${1:-}" in
+    --fast) tiers="fast"; shift ;;
+    --slow) tiers="slow"; shift ;;
+esac
+narrowed=$#          # paths or -k given: a tier may legitimately select nothing
 sh scripts/setup.sh --dev
+echo "== ruff"
 .venv/bin/python -m ruff check .
-.venv/bin/python -m pytest -q "$@"
+for tier in $tiers; do
+    if [ "$tier" = fast ]; then marker="not slow"; else marker="slow"; fi
+    echo "== pytest, $tier tier (-m \"$marker\")"
+    status=0
+    # one line per file with its progress (skip and failure reasons: -ra in pyproject.toml), the slowest tests
+    .venv/bin/python -m pytest -m "$marker" -o console_output_style=progress --durations=15 "$@" || status=$?
+    if [ "$status" -eq 5 ] && [ "$narrowed" -gt 0 ]; then
+        echo "== no $tier tests in the given selection"
+    elif [ "$status" -ne 0 ]; then
+        echo "== $tier tier failed (pytest exit $status)"
+        exit "$status"
+    fi
+done
+echo "== all tests passed"

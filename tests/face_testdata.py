@@ -1,4 +1,4 @@
-"""Shared inputs for the face pipeline tests: the offline detector and detections cached per session."""
+"""Shared inputs for the face pipeline tests: the offline detector, detections cached per session, a keeping sink."""
 
 from __future__ import annotations
 
@@ -40,3 +40,26 @@ def detections(key: str) -> tuple[np.ndarray, list]:
     """(image, detections) for 'astronaut', 'grace_hopper' or 'mosaic' (detected once per session)."""
     img, dets = _detect_cached(key)
     return img.copy(), dets
+
+
+class KeepSink:
+    """A sink that keeps what each job holds at write time (the scheduler frees the pixels after writing)."""
+
+    ordered = False
+
+    def __init__(self):
+        self.jobs, self.results, self.restored = {}, {}, {}
+
+    def write(self, job):
+        self.jobs[job.index] = job
+        self.results[job.index] = job.result.rgb.copy()
+        self.restored[job.index] = [None if f.restored is None else f.restored.copy() for f in job.faces]
+
+
+def serial_run(pipe, images) -> KeepSink:
+    """`images` (arrays) through `pipe`'s serial path; what each job held when written."""
+    from gpen_tune.pipeline import ArraySource
+
+    sink = KeepSink()
+    pipe.run(ArraySource(images), sink, serial=True)
+    return sink

@@ -209,7 +209,7 @@ def test_goldens_exist_for_every_case():
     assert len(golden_names()) == 20, golden_names()
 
 
-@pytest.mark.parametrize("serial", [False, True], ids=["pipelined", "serial"])
+@pytest.mark.parametrize("serial", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["pipelined", "serial"])
 def test_folder_matches_golden(tmp, serial):
     outputs = case_folder(tmp / str(serial), serial)
     prefix = "serial" if serial else "folder"
@@ -221,11 +221,13 @@ def test_folder_matches_golden(tmp, serial):
     assert not np.array_equal(outputs[f"{prefix}_mosaic"], source_of("folder_mosaic"))
 
 
+@pytest.mark.slow
 def test_cli_variants_match_golden(tmp):
     for name, out in case_cli_variants(tmp / "variants").items():
         assert_matches(name, out)
 
 
+@pytest.mark.slow
 def test_library_matches_golden(tmp):
     for name, out in case_library(tmp / "library").items():
         assert_matches(name, out)

@@ -6,6 +6,8 @@ from dataclasses import dataclass, replace
 
 from gpen_tune.tune.options import PRESETS, STEPS, TuneConfig
 
+ALL_OFF = TuneConfig(face_crop=False)   # a row's switches are exactly its steps (TuneConfig() has face_crop on)
+
 
 @dataclass(frozen=True)
 class Row:
@@ -19,12 +21,12 @@ def step_config(steps: tuple[str, ...], compile_mode: str, amp: str) -> TuneConf
     values: dict[str, object] = {}
     for step in steps:
         values[step] = compile_mode if step == "compile" else amp if step == "amp" else True
-    return replace(TuneConfig(), **values)
+    return replace(ALL_OFF, **values)
 
 
 def all_rows(compile_mode: str = "default", amp: str = "bf16") -> list[Row]:
     """Every row the bench knows, in table order."""
-    rows = [Row("default", "default (fp32 eager, all off)", (), TuneConfig())]
+    rows = [Row("default", "default (fp32 eager, all off)", (), ALL_OFF)]
     cumulative = [("1", 1), ("1+2", 2), ("1+2+3", 3), ("1-4", 4), ("1-6", 6)]
     for name, n in cumulative:
         steps = STEPS[:n]
@@ -32,8 +34,8 @@ def all_rows(compile_mode: str = "default", amp: str = "bf16") -> list[Row]:
     for step in STEPS:
         rows.append(Row(step, f"{step} alone", (step,), step_config((step,), compile_mode, amp)))
     other_amp = "fp16" if amp == "bf16" else "bf16"
-    rows.append(Row(f"amp_{other_amp}", f"amp={other_amp} alone", ("amp",), TuneConfig(amp=other_amp)))
-    rows.append(Row("fused", "fused kernels alone", ("fused",), TuneConfig(fused=True)))
+    rows.append(Row(f"amp_{other_amp}", f"amp={other_amp} alone", ("amp",), replace(ALL_OFF, amp=other_amp)))
+    rows.append(Row("fused", "fused kernels alone", ("fused",), replace(ALL_OFF, fused=True)))
     for preset, cfg in PRESETS.items():
         rows.append(Row(f"preset:{preset}", f"preset {preset}", tuple(cfg.enabled()), cfg))
     return rows

@@ -245,11 +245,13 @@ def enhance(
 def run_command(names, output: Path, settings, tune, *, recursive, ext, suffix, name_pattern, existing, report,
                 save_faces, save_comparison, serial, config, build, run, video=None, save_mask=False) -> int:
     """Build the pipeline, run every input with progress, print the summary, write the report; the exit code."""
+    from gpen_tune.pipeline.outputs import check_output_dir
     from gpen_tune.pipeline.report import summarize, tune_summary, write_report
 
     created = not output.exists()
     t0 = time.perf_counter()
     try:
+        check_output_dir(output)             # an unusable -o fails before the model and its notices
         pipe = build(settings, tune, notify=notice)
         detector_name = pipe.prepare()       # a missing detector or parser file fails before any image
     except user_errors() as e:

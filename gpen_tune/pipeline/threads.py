@@ -198,6 +198,8 @@ class _Run:
         self._rest = iter(self.source)
         try:
             for item in self._rest:
+                self.items[count] = item             # taken from the source: reported even if never run
+                count += 1
                 while not self.slots.acquire(timeout=_POLL_S):
                     if self.stop.is_set():
                         return
@@ -205,10 +207,8 @@ class _Run:
                     self.slots.release()
                     return
                 self.inflight.add(1)
-                self.items[count] = item
-                if not self._put(self.in_q, count):
+                if not self._put(self.in_q, count - 1):
                     return
-                count += 1
         finally:
             self.total = count
         for _ in range(self.prepare_workers):

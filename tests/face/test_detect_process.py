@@ -21,9 +21,6 @@ import numpy as np
 import pytest
 import torch
 from face_testdata import mtcnn
-from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, OutputNaming
-from gpen_tune.throughput import enhance_folder
-from gpen_tune.throughput.stages import EnhancerStages
 
 from gpen_tune.face import samples
 from gpen_tune.face.detect import (
@@ -37,8 +34,12 @@ from gpen_tune.face.detect import (
 )
 from gpen_tune.load import load_model
 from gpen_tune.model.configs import GPENConfig
+from gpen_tune.pipeline import EnhanceSettings, Pipeline, SchedulerConfig, enhance
+from gpen_tune.restore import as_restorer
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow   # real spawned detector processes
+
+ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 2          # grey levels: faces may share other generator batches in two pipelined runs
 
 
@@ -201,10 +202,11 @@ def test_start_failure_comes_back_with_its_message(proc):
 
 def test_lazy_detector_is_refused(tmp_path):
     lazy = LazyDetector(lambda: mtcnn(), policy="always", device="cpu")
-    enh = Enhancer(EnhanceSettings(device="cpu", detector="mtcnn"), restore=lambda x: x, size=64, detector=lazy)
+    settings = EnhanceSettings(device="cpu", detector="mtcnn", detector_process=True)
+    pipe = Pipeline(settings, restorer=as_restorer(lambda x: x, device="cpu", size=64), detector=lazy)
     with pytest.raises(ValueError, match="lazy detector"):
-        EnhancerStages(enh, OutputNaming(tmp_path), [], detector_process=True)
-    assert enh._detector is lazy and lazy.builds == 0
+        pipe.stages("process")
+    assert pipe.detector("inline") is lazy and lazy.builds == 0
 
 
 # ---------------------------------------------------------------------------------------------------- folder run
@@ -224,25 +226,27 @@ def test_folder_run_matches_the_default_pipeline(tmp_path):
     (src / "e_broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
     model = load_model("synthetic", model=GPENConfig(64, narrow=0.25))
     settings = EnhanceSettings(device="cpu", detector="mtcnn", batch_size=4)
-    default, separate = Enhancer(settings, model=model), Enhancer(settings, model=model)
+    default = Pipeline(settings, model=model)
+    separate = Pipeline(EnhanceSettings(device="cpu", detector="mtcnn", batch_size=4, detector_process=True),
+                        model=model)
+    config = SchedulerConfig(workers=2)
     try:
-        want = enhance_folder(src, tmp_path / "thread", enhancer=default, workers=2, max_batch=4)
-        got = enhance_folder(src, tmp_path / "process", enhancer=separate, workers=2, max_batch=4,
-                             detector_process=True)
-        child = separate.detector
+        want = enhance(src, tmp_path / "thread", pipeline=default, config=config).summary.results
+        got = enhance(src, tmp_path / "process", pipeline=separate, config=config).summary.results
+        child = separate.detector("process")
         assert isinstance(child, ProcessDetector) and child.process.is_alive() and child.images == 4
     finally:
         default.close()
         separate.close()                 # closes the detector process too
     assert not child.process.is_alive()
-    assert [r.status for r in got.results] == [r.status for r in want.results] == ["ok"] * 4 + ["failed"]
-    assert [r.faces for r in got.results] == [r.faces for r in want.results] == [1, 1, 4, 0, 0]
-    for r_w, r_g in zip(want.results[:4], got.results[:4], strict=True):
+    assert [r.status for r in got] == [r.status for r in want] == ["ok", "ok", "ok", "no_face", "error"]
+    assert [len(r.faces) for r in got] == [len(r.faces) for r in want] == [1, 1, 4, 0, 0]
+    for r_w, r_g in zip(want[:4], got[:4], strict=True):
         assert r_g.output.name == r_w.output.name
-        for f_w, f_g in zip(r_w.job.job.faces, r_g.job.job.faces, strict=True):
+        for f_w, f_g in zip(r_w.faces, r_g.faces, strict=True):
             assert np.array_equal(f_w.detection.landmarks, f_g.detection.landmarks)
         a, b = cv2.imread(str(r_w.output)).astype(int), cv2.imread(str(r_g.output)).astype(int)
-        assert a.shape == b.shape and np.abs(a - b).max() <= TOLERANCE, r_w.path.name
+        assert a.shape == b.shape and np.abs(a - b).max() <= TOLERANCE, r_w.output.name
 
 
 # ---------------------------------------------------------------------------------------------------- shutdown

@@ -5,8 +5,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import pytest
-from face_testdata import detections, mtcnn
-from gpen_tune.face.pipeline import Enhancer, EnhanceSettings
+from face_testdata import detections, mtcnn, serial_run
 
 from gpen_tune.face.align import alignment, warp_crop
 from gpen_tune.face.paste import (
@@ -20,6 +19,8 @@ from gpen_tune.face.paste import (
     paste_region,
     soften,
 )
+from gpen_tune.pipeline import EnhanceSettings, Pipeline
+from gpen_tune.restore import as_restorer
 
 
 def identity(batch):
@@ -28,11 +29,10 @@ def identity(batch):
 
 
 def _round_trip(img: np.ndarray, size: int, **settings) -> tuple[np.ndarray, list]:
-    s = EnhanceSettings(device="cpu", soften_small_faces=False, **settings)
-    e = Enhancer(s, restore=identity, size=size, detector=mtcnn())
-    (job,) = e.prepare([img])
-    e.restore([job])
-    return e.finish(job).rgb, job.faces
+    s = EnhanceSettings(device="cpu", **{"soften_small_faces": False, **settings})
+    pipe = Pipeline(s, restorer=as_restorer(identity, device="cpu", size=size), detector=mtcnn())
+    sink = serial_run(pipe, [img])
+    return sink.results[0], sink.jobs[0].faces
 
 
 # Two bilinear resamplings (crop, then inverse warp) cannot reproduce sharp detail exactly (unfiltered astronaut:
@@ -166,13 +166,8 @@ def test_small_face_softening():
     out = soften(face)
     assert out[4, 4, 0] == 40 and out[3, 4, 0] == 20 and out[3, 3, 0] == 10
     assert SMOOTH_KERNEL.sum() == pytest.approx(1.0)
-    s_on = EnhanceSettings(device="cpu")
-    e = Enhancer(s_on, restore=identity, size=256, detector=mtcnn())
-    (job,) = e.prepare([img])
-    e.restore([job])
-    soft = e.finish(job).rgb
-    e.settings = EnhanceSettings(device="cpu", soften_small_faces=False)
-    sharp = e.finish(job).rgb
+    soft, _ = _round_trip(img, 256, soften_small_faces=True)
+    sharp, _ = _round_trip(img, 256)
     assert not np.array_equal(soft, sharp)
 
 

@@ -10,6 +10,7 @@ from gpen_tune.face.pipeline import Enhancer, EnhanceSettings
 from gpen_tune.face import samples
 from gpen_tune.load import load_model
 from gpen_tune.model.configs import GPENConfig
+from gpen_tune.pipeline import EnhanceSettings, Pipeline
 from gpen_tune.restore.buckets import BUCKETS, bucket_floor, default_batch_size, split_sizes, take
 from gpen_tune.restore.restorer import Restorer, build_restorer
 from gpen_tune.tune import TuneConfig
@@ -74,11 +75,11 @@ def test_oom_split_at_the_crop_level_lowers_the_limit_and_keeps_the_results(mode
 
 def test_nan_checkpoint_keeps_the_input_crops_and_counts_them(nan_checkpoint):
     """A checkpoint full of NaN: every face comes back as its input crop (not a black square), counted once per
-    face, with one fallback line, through the library's Enhancer."""
+    face, with one fallback line, through the restorer the library's Pipeline builds."""
     net = load_model(nan_checkpoint, model=TINY)
-    enhancer = Enhancer(EnhanceSettings(device="cpu", batch_size=4), model=net)
+    enhancer = Pipeline(EnhanceSettings(device="cpu", batch_size=4), model=net)
     crops = samples.aligned_face_crops(64, 6)
-    out = enhancer.restore_crops(list(crops))
+    out = enhancer.restorer.restore_crops(list(crops))
     assert np.array_equal(out, np.stack(crops))
     assert enhancer.restorer.nonfinite_faces == 6
     assert len(enhancer.restorer.fallbacks) == 1 and "keep their input crop" in enhancer.restorer.fallbacks[0]

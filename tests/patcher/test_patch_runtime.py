@@ -20,6 +20,8 @@ from skimage import data
 
 from gpen_tune.patcher import plan_apply
 
+pytestmark = pytest.mark.slow   # every test runs the patched checkout in a child process
+
 sys.path.insert(0, str(Path(__file__).parent))
 from test_patch_engine import copy_checkout  # noqa: E402
 

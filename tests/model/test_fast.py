@@ -26,7 +26,7 @@ from gpen_tune.model.reference import reference_forward
 from gpen_tune.ops import modconv_epilogue as E
 from gpen_tune.ops.fir import fused_leaky_relu, make_kernel, upfirdn2d
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FP32_TOL = 1e-4
 TINY = {32: GPENConfig(32, narrow=0.25), 64: GPENConfig(64, narrow=0.25)}
 
@@ -282,6 +282,7 @@ _TRITON_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_triton_kernels_match_torch_twins_in_interpreter():
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
@@ -332,6 +333,7 @@ def test_cuda_graph_replay_matches_eager():
 # the benchmark script itself
 
 
+@pytest.mark.slow
 def test_benchmark_script_tiny_cpu(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, str(ROOT / "benchmarks" / "generator_limit.py"), "--device", "cpu", "--model", "tiny",

@@ -60,6 +60,7 @@ print("RESULT" + json.dumps(res))
 """
 
 
+@pytest.mark.slow
 def test_triton_area_resize_is_bit_identical_in_interpreter():
     """The detector's area resize as one Triton kernel (Triton's CPU interpreter) against the PyTorch twin:
     the same bits for pyramid levels and box crops (strided index vectors, a 1 x 1 level, a 1-px-wide box), and
@@ -158,6 +159,7 @@ print("RESULT" + json.dumps(res))
 """
 
 
+@pytest.mark.slow
 def test_triton_grouped_nms_matches_greedy_nms_in_interpreter():
     """The per-group NMS kernel (Triton's CPU interpreter) against the greedy definition and the torchvision twin:
     random boxes in groups larger than one tile, an empty group, equal scores (ties by index), an IoU of exactly

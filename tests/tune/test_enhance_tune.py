@@ -120,16 +120,15 @@ def test_help_lists_the_optimizations_panel():
 def test_compiled_restorer_sees_one_batch_shape_in_the_runner(folder, tmp_path):
     """With --compile the runner pads every batch to --batch-size (one compile, one capture); without, buckets."""
     import torch
-    from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, OutputNaming
-    from gpen_tune.throughput.api import run_jobs
 
     from gpen_tune.load import load_model
     from gpen_tune.model.configs import GPENConfig
+    from gpen_tune.pipeline import EnhanceSettings, Pipeline, SchedulerConfig, enhance
     from gpen_tune.restore.restorer import Restorer
     from gpen_tune.tune import TuneConfig
 
     model = load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cpu")
-    files = [(p, p.stem) for p in sorted(folder.glob("*.png"))]
+    files = sorted(folder.glob("*.png"))
     seen: dict[str, list[int]] = {}
     for name, cfg in (("compiled", TuneConfig(compile="default")), ("eager", TuneConfig())):
         shapes = seen.setdefault(name, [])
@@ -138,11 +137,12 @@ def test_compiled_restorer_sees_one_batch_shape_in_the_runner(folder, tmp_path):
             shapes.append(x.shape[0])
             return model(x)
 
-        restore = Restorer(spy, model=model, cfg=cfg, device="cpu", one_shape=bool(cfg.compile))  # as built
+        restore = Restorer(spy, model=model, cfg=cfg, device="cpu", size=64, max_batch=4,
+                           one_shape=bool(cfg.compile))                        # as build_restorer makes it
         settings = EnhanceSettings(device="cpu", detector="mtcnn", batch_size=4)
-        enhancer = Enhancer(settings, model=model, restore=restore)
-        jobs = run_jobs(files, OutputNaming(tmp_path / name), enhancer, workers=1)
-        enhancer.close()
+        with Pipeline(settings, cfg, restorer=restore) as pipe:
+            jobs = enhance(files, tmp_path / name, pipeline=pipe, serial=False,
+                           config=SchedulerConfig(workers=1)).summary.results
         assert [j.status for j in jobs] == ["ok", "ok"]
     assert seen["compiled"] and set(seen["compiled"]) == {4}
     assert set(seen["eager"]) <= {1, 2} and sum(seen["eager"]) == 2  # the two faces, no padding

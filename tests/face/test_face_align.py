@@ -144,8 +144,27 @@ def test_crop_is_the_fixed_point_definition_on_real_faces_and_borders():
     np.testing.assert_array_equal(warp_crop(img, huge, 64), _reference_crop(img, huge, 64))
 
 
+def test_device_crop_twin_equals_warp_crop():
+    """The kernel's PyTorch twin (ops.warp_crop, impl="torch") and cut_faces_device: the bits of the host crop for
+    every face of an image, a non-square image and random affines reaching past the borders."""
+    import torch
+
+    from gpen_tune.face.align import cut_faces_device, face_tables
+    from gpen_tune.ops.warp_crop import warp_crops
+
+    img, dets = detections("mosaic")
+    img = np.ascontiguousarray(img[:, : img.shape[1] - 37])
+    affines = [alignment(d.landmarks, 64, "gpen")[0] for d in dets] + _random_affines(4, seed=3)
+    want = np.stack([warp_crop(img, m, 64) for m in affines])
+    got = warp_crops(torch.from_numpy(img), torch.from_numpy(face_tables(affines, 64)), impl="torch").numpy()
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(cut_faces_device(torch.from_numpy(img), affines, 64, impl="torch").numpy(), want)
+    assert np.abs(want.astype(int) - want[:1]).max() > 50                     # the crops differ
+
+
+@pytest.mark.slow
 def test_device_crop_kernel_equals_warp_crop_in_interpreter():
-    """The GPU kernel (face.warp_triton), run in Triton's interpreter: same bits as warp_crop for every face of
+    """The GPU kernel (ops.warp_crop), run in Triton's interpreter: same bits as warp_crop for every face of
     an image in one launch, a non-square image, and border cases."""
     from triton_interp import run_in_interpreter
 
@@ -154,17 +173,18 @@ import json
 import numpy as np, torch
 from face_testdata import detections
 from gpen_tune.face.align import alignment, warp_crop
-from gpen_tune.face import warp_triton
+from gpen_tune.face.align import face_tables
+from gpen_tune.ops.warp_crop import warp_crops
 from test_face_align import _random_affines
 img, dets = detections("mosaic")
 img = np.ascontiguousarray(img[:, : img.shape[1] - 37])
 affines = [alignment(d.landmarks, 64, "gpen")[0] for d in dets] + _random_affines(4, seed=3)
-tables = torch.from_numpy(warp_triton.face_tables(affines, 64))
-got = warp_triton.warp_crops(torch.from_numpy(img), tables).numpy()
+tables = torch.from_numpy(face_tables(affines, 64))
+got = warp_crops(torch.from_numpy(img), tables, impl="triton").numpy()
 want = np.stack([warp_crop(img, m, 64) for m in affines])
 print("RESULT" + json.dumps({"faces": len(affines), "max": int(np.abs(got.astype(int) - want).max()),
                               "changed": int(np.abs(want.astype(int) - want[:1]).max())}))
-""".replace("from face_testdata", "import sys; sys.path.insert(0, 'tests')\nfrom face_testdata"))
+""".replace("from face_testdata", "import sys; sys.path[:0] = ['tests', 'tests/face']\nfrom face_testdata"))
     assert res["faces"] >= 6 and res["max"] == 0 and res["changed"] > 50, res
 
 
@@ -172,14 +192,15 @@ print("RESULT" + json.dumps({"faces": len(affines), "max": int(np.abs(got.astype
 def test_cuda_device_crops_equal_warp_crop():
     import torch
 
-    from gpen_tune.face import warp_triton
+    from gpen_tune.face.align import face_tables
+    from gpen_tune.ops import warp_crop as warp_op
 
-    if not torch.cuda.is_available() or not warp_triton.available(torch.device("cuda")):
-        pytest.skip("needs CUDA and Triton")
+    if not warp_op.available(torch.device("cuda")):
+        pytest.skip("needs Triton")
     img, dets = detections("mosaic")
     affines = [alignment(d.landmarks, 512, "gpen")[0] for d in dets] + _random_affines(6, seed=5)
     dev = torch.device("cuda")
-    got = warp_triton.warp_crops(torch.from_numpy(img).to(dev),
-                                 torch.from_numpy(warp_triton.face_tables(affines, 512)).to(dev)).cpu().numpy()
+    got = warp_op.warp_crops(torch.from_numpy(img).to(dev), torch.from_numpy(face_tables(affines, 512)).to(dev),
+                             impl="triton").cpu().numpy()
     for g, m in zip(got, affines, strict=True):
         np.testing.assert_array_equal(g, warp_crop(img, m, 512))

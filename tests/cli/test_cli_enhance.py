@@ -1,4 +1,5 @@
-"""`gpen-tune enhance` end to end and the pipeline's library API, on CPU with real photos and GPEN-BFR-256."""
+"""`gpen-tune enhance` end to end on the CPU with real photos and GPEN-BFR-256: folders with good, face-free and
+broken inputs, naming, output-folder problems, the detector process."""
 
 from __future__ import annotations
 
@@ -6,18 +7,12 @@ import json
 
 import numpy as np
 import pytest
-import torch
 import typer
-from face_testdata import detections, mtcnn
-from gpen_tune.face.pipeline import Enhancer, EnhanceSettings, resolve_device
 from PIL import Image
 from typer.testing import CliRunner
 
-import gpen_tune
 from gpen_tune.cli import app
 from gpen_tune.face import samples
-from gpen_tune.model.configs import GPENConfig
-from gpen_tune.restore.convert import to_uint8_nhwc
 
 MODEL = "GPEN-BFR-256"
 
@@ -27,12 +22,6 @@ def invoke(args: list[str]):
     command = typer.main.get_command(app)
     argv = (["enhance"] if hasattr(command, "commands") else []) + args
     return CliRunner().invoke(app, argv, catch_exceptions=False)
-
-
-@pytest.fixture(scope="module")
-def model():
-    """A tiny real GPEN (64 px, narrow 0.25, synthetic weights): the library tests need speed, not quality."""
-    return gpen_tune.load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cpu")
 
 
 @pytest.fixture
@@ -115,128 +104,7 @@ def test_cli_refuses_to_overwrite_inputs(tmp_path):
     assert res.exit_code != 0 and "overwrite" in res.output
 
 
-# ---------------------------------------------------------------------------------------------- library API
-
-
-class CountingDetector:
-    """The lazy-detector interface around the real MTCNN: counts `before_restore` calls."""
-
-    name = "mtcnn"
-
-    def __init__(self):
-        self.inner, self.hooks = mtcnn(), 0
-
-    def detect(self, images):
-        return self.inner.detect(images)
-
-    def before_restore(self):
-        self.hooks += 1
-
-    def close(self):
-        pass
-
-
-def test_faces_of_several_images_share_batches(model):
-    calls: list[int] = []
-
-    def restore(x):
-        calls.append(x.shape[0])
-        assert x.dtype == torch.float32 and -1.0 <= x.min() and x.max() <= 1.0
-        return model(x)
-
-    det = CountingDetector()
-    e = Enhancer(EnhanceSettings(device="cpu", batch_size=3), model=model, restore=restore, detector=det)
-    jobs = e.prepare([samples.astronaut(), samples.grace_hopper(), samples.mosaic()])
-    assert [len(j.faces) for j in jobs] == [1, 1, 6]
-    e.restore(jobs)
-    assert calls == [3, 3, 2] and det.hooks == 3
-    for j in jobs:
-        out = e.finish(j)
-        assert j.status == "ok" and out.rgb.shape == j.picture.rgb.shape
-        assert j.timings["restore"] > 0 and all(f.restored.shape == (64, 64, 3) for f in j.faces)
-
-
-def test_enhance_image_library_call(model):
-    img = samples.astronaut()
-    out = gpen_tune.enhance_image(img, weights="synthetic", model=MODEL, detector="mtcnn", device="cpu")
-    assert out.shape == img.shape and out.dtype == np.uint8 and not np.array_equal(out, img)
-    changed = (out != img).any(axis=2)
-    ys, xs = np.nonzero(changed)
-    assert 100 < xs.mean() < 350 and ys.mean() < 250          # only around the face
-    zero = Enhancer(EnhanceSettings(device="cpu", strength=0.0), model=model, detector=CountingDetector())
-    assert np.array_equal(gpen_tune.enhance_image(img, enhancer=zero), img)
-    one = Enhancer(EnhanceSettings(device="cpu"), model=model, detector=CountingDetector())
-    flat = np.full((100, 140), 77, np.uint8)
-    assert np.array_equal(gpen_tune.enhance_image(flat, enhancer=one), flat)   # grayscale, no face: unchanged
-
-
-def test_only_center_face_and_ffhq_template(model):
-    det = CountingDetector()
-    e = Enhancer(EnhanceSettings(device="cpu", only_center_face=True, template="ffhq"), model=model, detector=det)
-    (job,) = e.prepare([samples.mosaic()])
-    assert len(job.faces) == 1
-    _, dets = detections("mosaic")
-    h, w = samples.mosaic().shape[:2]
-    centre = np.array([w / 2, h / 2])
-    best = min(dets, key=lambda d: np.linalg.norm((d.box[:2] + d.box[2:]) / 2 - centre))
-    np.testing.assert_allclose(job.faces[0].detection.box, best.box)
-
-
-def test_aligned_inputs(model):
-    crops = samples.aligned_face_crops(64, n=10)
-    assert crops.shape == (10, 64, 64, 3) and crops.dtype == np.uint8
-    assert not np.array_equal(crops[0], crops[1]) and np.array_equal(crops[0], crops[8])   # 8 faces, repeated
-    e = Enhancer(EnhanceSettings(device="cpu", aligned=True, strength=0.5), model=model)
-    big = np.ascontiguousarray(np.kron(crops[0], np.ones((2, 2, 1), np.uint8)))   # a 128-px aligned face
-    jobs = e.prepare([crops[1], big])
-    e.restore(jobs)
-    full, half = (e.finish(j).rgb for j in jobs)
-    assert full.shape == (64, 64, 3) and half.shape == (128, 128, 3)
-    restored = jobs[0].faces[0].restored.astype(float)
-    np.testing.assert_allclose(full, (restored + crops[1]) / 2, atol=1.01)
-    assert e._detector is None                                   # no detector built for aligned inputs
-
-
-def test_bf16_model_gets_bf16_batches():
-    m = gpen_tune.load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cpu", dtype=torch.bfloat16)
-    e = Enhancer(EnhanceSettings(device="cpu"), model=m)
-    assert e.dtype == torch.bfloat16
-    out = e.restore_crops(samples.aligned_face_crops(64, n=2))
-    assert out.shape == (2, 64, 64, 3) and out.dtype == np.uint8
-
-
-def test_output_conversion_rounds_and_clips():
-    y = torch.tensor([-2.0, -1.0, 0.0, 1.0, 3.0, -1 + 2 * 100.4 / 255, -1 + 2 * 100.6 / 255]).view(1, 1, 1, 7)
-    y = y.expand(1, 3, 1, 7)
-    assert to_uint8_nhwc(y)[0, 0, :, 0].tolist() == [0, 0, 128, 255, 255, 100, 101]
-
-
-def test_device_choice():
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="cuda"):
-            resolve_device("cuda")
-        notes: list[str] = []
-        assert resolve_device("auto", notes.append).type in ("cpu", "mps")
-        assert notes and "CPU" in notes[0] or resolve_device("auto").type == "mps"
-    assert resolve_device("cpu").type == "cpu"
-
-
-def test_exif_rotated_photo_is_restored_upright(tmp_path, model):
-    side = np.ascontiguousarray(np.rot90(samples.astronaut(), 1))     # stored sideways ...
-    exif = Image.Exif()
-    exif[0x0112] = 6                                                  # ... and tagged "rotate 90 CW to view"
-    path = tmp_path / "side.jpg"
-    Image.fromarray(side).save(path, exif=exif, quality=95)
-    e = Enhancer(EnhanceSettings(device="cpu"), model=model, detector=CountingDetector())
-    (job,) = e.prepare([path])
-    assert job.picture.rgb.shape == (512, 512, 3) and len(job.faces) == 1   # upright: MTCNN finds the face
-    e.restore([job])
-    e.finish(job)
-    out = e.write(job, tmp_path / "o.jpg", "JPEG")
-    with Image.open(out) as im:
-        assert im.getexif().get(0x0112) == 1
-
-
+@pytest.mark.slow
 def test_cli_detector_process_writes_what_the_detector_thread_writes(tmp_path):
     """--detector-process: the runner's detector in a child process gives the same files; with --lazy-detector it
     is refused in one line, before any output."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpen_tune.tune import PRESETS, TuneConfig, choose_preset
-from gpen_tune.tune.options import STEPS, switch_help, with_overrides
+from gpen_tune.tune.options import with_overrides
 
 GiB = 1024**3
 
@@ -29,8 +29,9 @@ def test_presets_are_what_they_say():
     assert speed.fused and speed.amp == "bf16" and speed.cuda_graph and speed.compile is None
     low = PRESETS["low-memory"]
     assert low.act_checkpoint and low.lazy_detector and not low.cuda_graph and low.compile is None
-    assert TuneConfig().enabled() == []
-    assert TuneConfig().describe() == "all off (fp32 eager)"
+    assert TuneConfig().enabled() == ["face_crop"] and TuneConfig().describe() == "face_crop"   # the default
+    assert TuneConfig(face_crop=False).enabled() == []
+    assert TuneConfig(face_crop=False).describe() == "all off (fp32 eager)"
 
 
 def test_overrides_win_and_validation():
@@ -40,14 +41,6 @@ def test_overrides_win_and_validation():
         TuneConfig(amp="fp8")
     with pytest.raises(ValueError):
         TuneConfig(compile="fast")
-
-
-def test_every_step_has_help_and_tolerance():
-    assert STEPS == ("lazy_detector", "compile", "amp", "act_checkpoint", "face_crop", "cuda_graph")
-    for name in (*STEPS, "fused"):
-        text = switch_help(name)
-        assert "tolerance:" in text and len(text) > 60
-    assert "no_grad" in switch_help("act_checkpoint")
 
 
 def test_cli_options_build_the_config_and_say_where_it_came_from():
@@ -66,23 +59,23 @@ def test_cli_options_build_the_config_and_say_where_it_came_from():
     assert cfg.compile is None and cfg.face_crop is False and cfg.amp == "bf16"
 
 
-def test_tune_pipeline_plugs_into_the_enhancer():
-    """With the pipeline part merged: enhance one real photo through the Restorer and a LazyDetector."""
-    pipeline = pytest.importorskip("gpen_tune.face.pipeline", reason="needs the pipeline part (gpen_tune.face)")
+def test_tune_config_plugs_into_the_pipeline():
+    """A TuneConfig through the Pipeline: one real photo restored with act_checkpoint, its LazyDetector built
+    once and released before the generator ran."""
     import numpy as np
-    from gpen_tune.restore.wiring import tune_pipeline
     from skimage import data
 
+    from gpen_tune.face.detect import LazyDetector, init_detector
     from gpen_tune.load import load_model
+    from gpen_tune.pipeline import EnhanceSettings, Pipeline, enhance_image
 
     model = load_model("synthetic", model="GPEN-BFR-256")
     cfg = TuneConfig(lazy_detector=True, act_checkpoint=True, face_crop=True)
-    settings = pipeline.EnhanceSettings(model="GPEN-BFR-256", weights="synthetic", detector="mtcnn", device="cpu",
-                                        face_crop=False, det_size=None)
-    settings, restore, detector = tune_pipeline(settings, cfg, model, "cpu", detector_policy="always")
-    assert settings.face_crop is True and settings.det_size == 1024
-    enhancer = pipeline.Enhancer(settings, model=restore.model, restore=restore, detector=detector)
-    photo = data.astronaut()
-    out = pipeline.enhance_image(photo, enhancer=enhancer)
+    settings = EnhanceSettings(model="GPEN-BFR-256", weights="synthetic", detector="mtcnn", device="cpu")
+    detector = LazyDetector(lambda: init_detector("mtcnn", device="cpu"), policy="always", device="cpu")
+    with Pipeline(settings, cfg, model=model, detector=detector) as pipe:
+        assert pipe.restorer.effective.act_checkpoint
+        photo = data.astronaut()
+        out = enhance_image(photo, pipeline=pipe)
     assert out.shape == photo.shape and not np.array_equal(out, photo)
     assert detector.builds == 1 and detector.releases == 1 and not detector.loaded  # released before the generator

@@ -15,7 +15,7 @@ from skimage import data
 sys.path.insert(0, str(Path(__file__).parent))
 from test_patch_engine import copy_checkout  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = [REPO / "scripts" / "gpen_optimize.sh", REPO / "scripts" / "gpen_batch.sh"]
 SHELL = shutil.which("dash") or "/bin/sh"
 
@@ -58,6 +58,7 @@ def sh(script: Path, *args: str, env: dict, cwd: Path | None = None) -> subproce
     return subprocess.run([SHELL, str(script), *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
 
 
+@pytest.mark.slow
 def test_optimize_is_safe_to_rerun_and_batch_runs_the_patched_demo(tmp_path):
     checkout = copy_checkout("fixture", tmp_path / "GPEN")
     tool = tmp_path / "gpen-tune"

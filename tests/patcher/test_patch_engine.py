@@ -20,7 +20,7 @@ from gpen_tune.cli import app
 from gpen_tune.patcher import FileOps, PatchError, plan_apply, plan_revert, status
 from gpen_tune.patcher.engine import MANIFEST, PRISTINE, sha256
 
-FIXTURE = Path(__file__).parent / "fixtures" / "upstream_like"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "upstream_like"
 IGNORE = shutil.ignore_patterns(".git", "*.pth", "*.png", "*.jpg", "*.jpeg", "examples", "figs", "__pycache__")
 SIX = ("lazy-detector", "compile", "amp", "checkpoint", "face-crop", "cuda-graph")
 

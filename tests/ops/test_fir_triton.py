@@ -57,6 +57,7 @@ print("RESULT" + json.dumps(res))
 """
 
 
+@pytest.mark.slow
 def test_triton_fir_matches_the_conv_path_in_interpreter():
     res = run_in_interpreter(_SCRIPT)
     for name in ("sym1", "sym2", "up2", "down2", "asym"):
@@ -123,6 +124,7 @@ print("OK")
 """
 
 
+@pytest.mark.slow
 def test_disable_after_a_failure_warns_once_and_keeps_the_conv_path():
     """A Triton compile/launch failure turns the kernel off for the process (upfirdn2d then uses the conv); in a
     process of its own, as the turn-off lasts for the process."""
@@ -130,7 +132,7 @@ def test_disable_after_a_failure_warns_once_and_keeps_the_conv_path():
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
     proc = subprocess.run([sys.executable, "-c", _DISABLE_SCRIPT], capture_output=True, text=True, env=env,
                           cwd=root, timeout=300)

@@ -113,7 +113,7 @@ def test_autograd_checkpointing_is_kept_for_grad_enabled_forwards(tiny_model, ti
 
 # --- amp ---------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+@pytest.mark.parametrize("amp", ["bf16", pytest.param("fp16", marks=pytest.mark.slow)])   # fp16 is emulated on CPUs
 def test_amp_casts_convs_keeps_fp32_islands_and_stays_within_tolerance(tiny_model, tiny_ref, amp):
     x, ref = tiny_ref
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[amp]
@@ -177,6 +177,7 @@ def test_fp32_rerun_first_needed_inside_inference_mode(tiny_model, tiny_ref):
     assert torch.equal(out, ref) and restore.fp32_reruns == 1
 
 
+@pytest.mark.slow
 def test_fp16_overflow_is_caught_and_rerun(tiny_model):
     x = face_batch(64, n=1)
     big = copy.deepcopy(tiny_model)
@@ -194,6 +195,7 @@ def test_fp16_overflow_is_caught_and_rerun(tiny_model):
 
 # --- compile -----------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_compile_traces_gpen256_as_one_graph_and_the_compiled_module_is_used():
     """fullgraph=True on GPEN-256 (a graph break raises and would fall back): the Dynamo trace, run eagerly."""
     model = load_model("synthetic", model="GPEN-BFR-256")
@@ -216,6 +218,7 @@ def test_compile_traces_gpen256_as_one_graph_and_the_compiled_module_is_used():
     torch._dynamo.reset()
 
 
+@pytest.mark.slow
 def test_compile_failure_warns_and_runs_eager(tiny_model, tiny_ref):
     x, ref = tiny_ref
 
