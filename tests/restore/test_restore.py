@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from gpen_tune.face.pipeline import Enhancer, EnhanceSettings
 
 from gpen_tune.face import samples
 from gpen_tune.load import load_model
