@@ -21,6 +21,8 @@ class Preset(str, Enum):
     speed = "speed"
     balanced = "balanced"
     low_memory = "low-memory"
+    cpu = "cpu"
+    mps = "mps"
 
 
 class CompileMode(str, Enum):
@@ -37,8 +39,9 @@ class AmpMode(str, Enum):
 
 
 PresetOpt = Annotated[Preset | None, typer.Option(
-    "--preset", help="Start from a named set of switches (flags below override it). auto: chosen from free GPU "
-    "memory (torch.cuda.mem_get_info), >= 16 GiB speed, >= 6 GiB balanced, else low-memory.",
+    "--preset", help="Start from a named set of switches (flags below override it). auto: on CUDA chosen from "
+    "free GPU memory (torch.cuda.mem_get_info), >= 16 GiB speed, >= 6 GiB balanced, else low-memory; on the CPU "
+    "preset cpu (fused, bf16 where the CPU has native bf16 dot products); on Apple MPS preset mps (fused, fp16).",
     rich_help_panel=PANEL, case_sensitive=False)]
 LazyDetectorOpt = Annotated[bool | None, typer.Option(
     "--lazy-detector/--no-lazy-detector", help=switch_help("lazy_detector"), rich_help_panel=PANEL,

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpen_tune.model.layers import Blur, EqualLinear, ToRGB
+from gpen_tune.tune.hardware import CpuCapabilities, cpu_capabilities
 from gpen_tune.tune.options import TuneConfig
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": torch.float32}
@@ -90,6 +91,24 @@ def is_supported(device: str | torch.device, cfg: TuneConfig) -> str | None:
     if problem:
         return f"{cfg.amp} convolutions do not run on {device}: {problem}"
     return None
+
+
+def pays_off(device: str | torch.device, cfg: TuneConfig, cpu: CpuCapabilities | None = None) -> str | None:
+    """Why cfg.amp runs but cannot be faster than fp32 on `device` (None: it can). `is_supported` says whether it
+    runs at all; this is the bench's and the auto preset's question.
+
+    Rules: on the CPU half precision pays only with native dot products for it (`gpen_tune.tune.hardware`:
+    AVX512-BF16/AMX or ARM BF16 for bf16; AVX512-FP16/AMX-FP16 or ARM fp16 for fp16), else PyTorch emulates it
+    through fp32 (fp16 measured 155x slower than fp32 on an AVX-512 CPU without AVX512-FP16). On CUDA and Apple MPS
+    both run natively where `is_supported` passes (MPS: fp16 always, bf16 from macOS 14)."""
+    if cfg.amp == "off" or torch.device(device).type != "cpu":
+        return None
+    cpu = cpu or cpu_capabilities()
+    native = cpu.bf16_dot if cfg.amp == "bf16" else cpu.fp16_dot
+    if native:
+        return None
+    need = "AVX512-BF16 / AMX-BF16" if cfg.amp == "bf16" else "AVX512-FP16 / AMX-FP16"
+    return f"this CPU has no native {cfg.amp} dot products ({need}): {cfg.amp} is emulated, slower than fp32"
 
 
 class Fp32Reserve:
