@@ -106,9 +106,9 @@ def skip_reason(row: Row, device: torch.device, explicit: bool, cpu: CpuCapabili
     if row.steps == ("face_crop",):
         return ("pipeline-level switch: the generator is unchanged; measured on a >= 12 MP image by "
                 "benchmarks/face_crop_bench.py")
-    enabled = row.cfg.enabled()
+    enabled = [step for step in row.cfg.enabled() if step != "face_crop"]   # face_crop: on in every row
     for step in enabled:
-        if step == "face_crop" or (step == "lazy_detector" and len(enabled) > 1):
+        if step == "lazy_detector" and len(enabled) > 1:
             continue  # pipeline-level: cannot change the generator's numbers; the restorer notes the skip
         reason = SWITCH_MODULES[step].is_supported(device, row.cfg)
         if reason:

@@ -82,7 +82,7 @@ def apply_switches(model: nn.Module, cfg: TuneConfig, device: torch.device, buck
         elif name == "amp" and on("fused"):
             pass  # fuse() builds its half-precision kernels from the fp32 weights; the cast follows it
         elif name == "amp":
-            model, done.reserve = amp.apply(model, cfg)
+            model, done.reserve = amp.apply(model, cfg, amp.keeps_fp32_originals(device, cfg))
             forward = model
         elif name == "fused":
             dtype = amp.AMP_DTYPES[cfg.amp] if on("amp") else None
@@ -93,7 +93,7 @@ def apply_switches(model: nn.Module, cfg: TuneConfig, device: torch.device, buck
                            "using the unfused model")
                 forward = model
             if dtype is not None:  # the generator stays as the NaN fallback's template: shrink it to half too
-                model, done.reserve = amp.apply(model, cfg)
+                model, done.reserve = amp.apply(model, cfg, amp.keeps_fp32_originals(device, cfg))
                 if name in done.skipped:
                     forward = model
         elif name == "compile":

@@ -150,3 +150,22 @@ def test_threaded_cpu_run_splits_the_cores_and_restores_torch_threads():
     assert summary.ok == 2 and seen and set(seen) == {1}
     assert torch.get_num_threads() == before
     assert sorted(sink.results) == [0, 1] and all(isinstance(a, np.ndarray) for a in sink.results.values())
+
+
+def test_bf16_on_the_cpu_keeps_no_second_copy_of_the_weights():
+    """bf16 cannot overflow (fp32's exponent range): on the CPU its NaN fallback up-casts the half weights instead of
+    keeping the fp32 originals resident; fp16 (which overflows) and GPUs keep them."""
+    assert not amp.keeps_fp32_originals("cpu", TuneConfig(amp="bf16"))
+    assert amp.keeps_fp32_originals("cpu", TuneConfig(amp="fp16"))
+    assert amp.keeps_fp32_originals("cuda", TuneConfig(amp="bf16"))
+    model = load_model("synthetic", model=TINY)
+    for cfg in (TuneConfig(amp="bf16"), TuneConfig(amp="bf16", fused=True)):
+        restorer = build_restorer(copy.deepcopy(model), cfg, device="cpu")
+        assert restorer.reserve is not None and not restorer.reserve.exact and restorer.reserve.saved == {}
+    crops = samples.aligned_face_crops(64, n=2)
+    restorer_plain = build_restorer(copy.deepcopy(model), TuneConfig(amp="bf16"), device="cpu")
+    with torch.no_grad():                    # a broken half model: the up-cast re-run runs, the input is kept
+        restorer_plain.model.ecd0[0][0].weight.mul_(float("inf"))
+    out = restorer_plain.restore_crops(list(crops))
+    assert restorer_plain.fp32_reruns == 1 and restorer_plain.nonfinite_faces == 2
+    assert np.array_equal(out, crops)
