@@ -18,6 +18,7 @@ CAP = 4 * GiB
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytest.importorskip("facenet_pytorch", reason="the MTCNN detector (weights in its wheel) runs the pipeline offline")
 
 
 @pytest.fixture
