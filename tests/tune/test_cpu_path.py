@@ -159,9 +159,12 @@ def test_bf16_on_the_cpu_keeps_no_second_copy_of_the_weights():
     assert amp.keeps_fp32_originals("cpu", TuneConfig(amp="fp16"))
     assert amp.keeps_fp32_originals("cuda", TuneConfig(amp="bf16"))
     model = load_model("synthetic", model=TINY)
-    for cfg in (TuneConfig(amp="bf16"), TuneConfig(amp="bf16", fused=True)):
-        restorer = build_restorer(copy.deepcopy(model), cfg, device="cpu")
-        assert restorer.reserve is not None and not restorer.reserve.exact and restorer.reserve.saved == {}
+    restorer = build_restorer(copy.deepcopy(model), TuneConfig(amp="bf16"), device="cpu")
+    assert restorer.reserve is not None and not restorer.reserve.exact and restorer.reserve.saved == {}
+    fused = build_restorer(copy.deepcopy(model), TuneConfig(amp="bf16", fused=True), device="cpu")
+    assert fused.reserve is None and fused.dtype == torch.bfloat16      # the fused module: the only weights
+    assert all(p.device.type == "meta" for p in fused.model.parameters())
+    assert np.array_equal(fused.restore_crops(list(samples.aligned_face_crops(64, n=1))).shape, (1, 64, 64, 3))
     crops = samples.aligned_face_crops(64, n=2)
     restorer_plain = build_restorer(copy.deepcopy(model), TuneConfig(amp="bf16"), device="cpu")
     with torch.no_grad():                    # a broken half model: the up-cast re-run runs, the input is kept
