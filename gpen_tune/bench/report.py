@@ -119,7 +119,7 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in result["rows"] if r["status"] == "ok"]
-    names = [r["name"] for r in rows]
+    names = [r["label"] for r in rows]
     on_gpu = any(b["peak_allocated_mib"] is not None for r in rows for b in r["per_batch"].values())
     if on_gpu:
         memory = ("peak allocated MiB at batch 1", [r["per_batch"].get("1", {}).get("peak_allocated_mib") or 0
@@ -136,6 +136,9 @@ def plot(result: dict, path: Path) -> None:
     for ax, (title, values) in zip(axes, panels, strict=True):
         bars = ax.barh(names, values, color="#4878a8")
         ax.bar_label(bars, fmt="%.4g", fontsize=7, padding=2)
+        if needs_log_scale(values):
+            ax.set_xscale("log")
+            title += " [log scale]"
         ax.invert_yaxis()
         ax.set_title(title, fontsize=10)
         ax.grid(axis="x", alpha=0.3)
@@ -145,6 +148,16 @@ def plot(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
+
+
+LOG_SCALE_RATIO = 10.0
+
+
+def needs_log_scale(values: list[float]) -> bool:
+    """A panel whose largest bar is over LOG_SCALE_RATIO x its smallest non-zero one is drawn on a log axis, so
+    one slow row (an emulated fp16 on a CPU: 155x) does not squash the others into invisible bars."""
+    positive = [v for v in values if v and v > 0]
+    return len(positive) > 1 and max(positive) > LOG_SCALE_RATIO * min(positive)
 
 
 def write_outputs(result: dict, outdir: str | Path, png: bool = True) -> dict[str, Path]:

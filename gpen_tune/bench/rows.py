@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from gpen_tune.tune.options import PRESETS, STEPS, TuneConfig
+from gpen_tune.tune.options import PRESETS, STEPS, TuneConfig, cli_flags
 
 ALL_OFF = TuneConfig(face_crop=False)   # a row's switches are exactly its steps (TuneConfig() has face_crop on)
 
@@ -12,7 +12,7 @@ ALL_OFF = TuneConfig(face_crop=False)   # a row's switches are exactly its steps
 @dataclass(frozen=True)
 class Row:
     name: str            # stable id used by --rows and in the JSON
-    label: str           # what the table shows
+    label: str           # what the table and the plot show: the CLI flags of the row
     steps: tuple[str, ...]  # switch names that are on (TuneConfig field names)
     cfg: TuneConfig
 
@@ -30,14 +30,16 @@ def all_rows(compile_mode: str = "default", amp: str = "bf16") -> list[Row]:
     cumulative = [("1", 1), ("1+2", 2), ("1+2+3", 3), ("1-4", 4), ("1-6", 6)]
     for name, n in cumulative:
         steps = STEPS[:n]
-        rows.append(Row(name, f"{name}: " + " + ".join(steps), steps, step_config(steps, compile_mode, amp)))
+        cfg = step_config(steps, compile_mode, amp)
+        rows.append(Row(name, f"{name}: {cli_flags(cfg)}", steps, cfg))
     for step in STEPS:
-        rows.append(Row(step, f"{step} alone", (step,), step_config((step,), compile_mode, amp)))
+        cfg = step_config((step,), compile_mode, amp)
+        rows.append(Row(step, "--face-crop" if step == "face_crop" else cli_flags(cfg), (step,), cfg))
     other_amp = "fp16" if amp == "bf16" else "bf16"
-    rows.append(Row(f"amp_{other_amp}", f"amp={other_amp} alone", ("amp",), replace(ALL_OFF, amp=other_amp)))
-    rows.append(Row("fused", "fused kernels alone", ("fused",), replace(ALL_OFF, fused=True)))
+    rows.append(Row(f"amp_{other_amp}", f"--amp {other_amp}", ("amp",), replace(ALL_OFF, amp=other_amp)))
+    rows.append(Row("fused", "--fused", ("fused",), replace(ALL_OFF, fused=True)))
     for preset, cfg in PRESETS.items():
-        rows.append(Row(f"preset:{preset}", f"preset {preset}", tuple(cfg.enabled()), cfg))
+        rows.append(Row(f"preset:{preset}", f"--preset {preset}", tuple(cfg.enabled()), cfg))
     return rows
 
 

@@ -35,7 +35,9 @@ from gpen_tune.bench.measure import MiB, max_abs, peaks, psnr, reset_memory, res
 from gpen_tune.bench.rows import Row, select_rows
 from gpen_tune.model.configs import MODELS, GPENConfig
 from gpen_tune.restore.restorer import build_restorer
+from gpen_tune.tune import amp
 from gpen_tune.tune.apply import SWITCH_MODULES
+from gpen_tune.tune.hardware import CpuCapabilities
 from gpen_tune.tune.live_memory import generator_activation_peak
 from gpen_tune.tune.options import TuneConfig
 
@@ -98,19 +100,26 @@ def environment(device: torch.device) -> dict:
     return info
 
 
-def skip_reason(row: Row, device: torch.device, explicit: bool) -> str | None:
+def skip_reason(row: Row, device: torch.device, explicit: bool, cpu: CpuCapabilities | None = None) -> str | None:
+    """Why a row is not measured: a switch that does not run on the device, a pipeline-level switch, or (unless
+    the row was asked for with --rows) one that cannot be faster here; `cpu`: the CPU's capabilities (None: read)."""
     if row.steps == ("face_crop",):
         return ("pipeline-level switch: the generator is unchanged; measured on a >= 12 MP image by "
                 "benchmarks/face_crop_bench.py")
-    enabled = row.cfg.enabled()
+    enabled = [step for step in row.cfg.enabled() if step != "face_crop"]   # face_crop: on in every row
     for step in enabled:
-        if step == "face_crop" or (step == "lazy_detector" and len(enabled) > 1):
+        if step == "lazy_detector" and len(enabled) > 1:
             continue  # pipeline-level: cannot change the generator's numbers; the restorer notes the skip
         reason = SWITCH_MODULES[step].is_supported(device, row.cfg)
         if reason:
             return f"{step}: {reason}"
-    if device.type == "cpu" and row.cfg.compile and not explicit:
+    if explicit:
+        return None
+    if device.type == "cpu" and row.cfg.compile:
         return "torch.compile on the CPU takes minutes per input shape; ask for this row with --rows"
+    slower = amp.pays_off(device, row.cfg, cpu)
+    if slower:
+        return f"--amp {row.cfg.amp}: {slower}; ask for this row with --rows"
     return None
 
 

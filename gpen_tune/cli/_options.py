@@ -21,6 +21,8 @@ class Preset(str, Enum):
     speed = "speed"
     balanced = "balanced"
     low_memory = "low-memory"
+    cpu = "cpu"
+    mps = "mps"
 
 
 class CompileMode(str, Enum):
@@ -37,7 +39,7 @@ class AmpMode(str, Enum):
 
 
 PresetOpt = Annotated[Preset | None, typer.Option(
-    "--preset", metavar="NAME", help="auto, speed, balanced or low-memory (flags below override it).",
+    "--preset", metavar="NAME", help="auto, speed, balanced, low-memory, cpu or mps (flags below override it).",
     rich_help_panel=PANEL, case_sensitive=False)]
 LazyDetectorOpt = Annotated[bool | None, typer.Option(
     "--lazy-detector/--no-lazy-detector", help=switch_short("lazy_detector"), rich_help_panel=PANEL,

@@ -73,8 +73,11 @@ def bench(
     = None,
     batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="Comma-separated batch sizes.")] = "1,4,16,64",
     rows: Annotated[str | None, typer.Option("--rows", help="Comma-separated row ids (default: default, 1, 1+2, "
-                                             "1+2+3, 1-4, 1-6, each step alone, the other amp dtype). Extra: "
-                                             "fused, preset:speed, preset:balanced, preset:low-memory.")] = None,
+                                             "1+2+3, 1-4, 1-6, each step alone, the other amp dtype, fused; "
+                                             "rows that cannot be faster on the device, e.g. fp16 on a CPU "
+                                             "without native fp16, are skipped unless named here). Extra: "
+                                             "preset:speed, preset:balanced, preset:low-memory, preset:cpu.")]
+    = None,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed calls per batch size (median).")] = 20,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed calls after the first one.")] = 3,
     max_faces: Annotated[int, typer.Option("--max-faces", min=1, help="Use at most this many input faces.")] = 16,
@@ -110,6 +113,7 @@ def bench(
     from gpen_tune.bench import BenchSettings, run_bench, write_outputs
     from gpen_tune.bench.inputs import InputError
     from gpen_tune.tune import TuneConfig
+    from gpen_tune.tune.options import cli_flags
 
     if output.exists() and not output.is_dir():
         raise fail(f"{output}: exists and is not a folder; pass -o/--output with a folder for the results")
@@ -125,8 +129,8 @@ def bench(
     if preset is not None or any(v is not None for v in switches):
         custom, line = tune_config_from_options(preset, *switches, device=dev, base=TuneConfig())
         err.print(f"[bold]optimizations:[/] {line}", highlight=False)
-        custom_label = f"preset {preset.value}" if preset is not None else "custom"
-        custom_label += f": {custom.describe()}"
+        custom_label = f"--preset {preset.value}" if preset is not None else "custom"
+        custom_label += f": {cli_flags(custom)}"
     settings = BenchSettings(
         model=model, weights=weights, device=dev, batch_sizes=_int_list(batch_sizes),
         rows=[r.strip() for r in rows.split(",") if r.strip()] if rows else None, repeats=repeats, warmup=warmup,

@@ -154,7 +154,7 @@ class FusedGenerator(nn.Module):
             if use_triton:
                 f, fb = T.encoder_epilogue(z, layer.bias, self.enc_taps2d if want_blur else None)
             else:
-                f, fb = E.encoder_epilogue(z, layer.bias, self.enc_taps if want_blur else None)
+                f, fb = E.encoder_epilogue(z, layer.bias, self.enc_taps2d if want_blur else None)
             del z
             feats.append(f)
             h = fb if want_blur else f
@@ -237,7 +237,8 @@ class FusedGenerator(nn.Module):
                 buf = T.styled_epilogue(y, f, d, layer.b_h, s_h, layer.b_f, s_f, layer.nw,
                                         layer.taps2d if layer.upsample else None)
             else:
-                buf = E.styled_epilogue(y, f, d, layer.b_h, s_h, layer.b_f, s_f, layer.nw, layer.taps)
+                buf = E.styled_epilogue(y, f, d, layer.b_h, s_h, layer.b_f, s_f, layer.nw,
+                                        layer.taps2d if layer.upsample else None)
             del y, f
             if last_of_level:
                 skip = self._to_rgb(buf, self.rgbs[rgb_idx], s_rgb[rgb_idx], s_next, skip)

@@ -63,7 +63,7 @@ class Pipeline:
                 from gpen_tune.load import load_model
 
                 model = load_model(resolve_weights(self.settings, notify), model=self.settings.model, device=device)
-            batch = self.settings.batch_size or default_batch_size(device)
+            batch = self.settings.batch_size or default_batch_size(device, low_memory=self.tune.act_checkpoint)
             restorer = build_restorer(model, self.tune, device=device, max_batch=batch)
             for msg in restorer.fallbacks:
                 notify(msg)

@@ -22,6 +22,7 @@ from gpen_tune.pipeline.job import STAGES, ImageJob
 from gpen_tune.pipeline.sinks import Sink
 from gpen_tune.pipeline.sources import Source, SourceItem
 from gpen_tune.pipeline.stages import Stages, one_line
+from gpen_tune.tune.hardware import usable_cores
 
 SERIAL_IMAGES_PER_STEP = 8       # images prepared together on the serial path (their faces share batches)
 
@@ -35,6 +36,7 @@ class SchedulerConfig:
     max_wait_ms: float = 5.0              # how long a partial batch waits for more faces (device idle)
     max_inflight: int | None = None       # images between "prepare started" and "result posted"
     detect_batch: int = 1                 # images a prepare worker takes at once (one batched detector call)
+    torch_threads: int | None = None      # torch intra-op threads of a threaded run on the CPU (see cpu_threads)
 
     def resolved(self, device_type: str) -> tuple[int, int, int]:
         """(workers, prepare_workers, max_inflight) with the defaults filled in.
@@ -47,6 +49,19 @@ class SchedulerConfig:
         prepare = self.prepare_workers or (min(48, 6 * workers) if device_type == "cuda" else workers)
         inflight = self.max_inflight or max(8, 2 * prepare + 2 * workers + 8)
         return workers, prepare, inflight
+
+
+    def cpu_threads(self, cores: int | None = None) -> int:
+        """torch's intra-op threads while a threaded run uses the CPU as its device: the generator stage and the
+        detector thread call torch at the same time, each with this many threads, so together they fill the
+        cores and never oversubscribe them (2 x threads <= cores; on 2 cores: one each). The serial path keeps
+        torch's own setting (all cores): there the two never run at once."""
+        if self.torch_threads is not None:
+            return max(1, self.torch_threads)
+        return max(1, (cores or usable_cores()) // TORCH_CALLERS)
+
+
+TORCH_CALLERS = 2                # threads of a threaded CPU run that call torch at once: generator, detector
 
 
 def default_workers(cpu_count: int | None = None) -> int:

@@ -13,6 +13,7 @@ import torch
 
 from gpen_tune.face.detect import DEFAULT_DET_SIZE, DETECTOR_NAMES, default_notify
 from gpen_tune.model.configs import model_info
+from gpen_tune.tune.hardware import mps_available
 from gpen_tune.weights.cache import cached_file
 
 DEVICES = ("auto", "cuda", "cpu", "mps")
@@ -71,23 +72,29 @@ class EnhanceSettings:
         model_info(self.model)           # an unknown model name fails here, before anything is printed or built
 
 
-def resolve_device(name: str = "auto", notify: Callable[[str], None] = default_notify) -> torch.device:
-    """auto: cuda > mps > cpu, with a loud notice on the CPU; explicit choices are checked."""
-    mps = getattr(torch.backends, "mps", None)
-    has_mps = bool(mps and mps.is_available())
+def resolve_device(name: str = "auto", notify: Callable[[str], None] = default_notify, *,
+                   cuda: bool | None = None, mps: bool | None = None) -> torch.device:
+    """auto: cuda > mps > cpu, with a loud notice on the CPU; explicit choices are checked.
+
+    `cuda` / `mps`: whether each backend is usable (None: ask torch, `gpen_tune.tune.hardware.mps_available`);
+    given, the choice is decided from them alone (how the rule is tested without the hardware)."""
+    has_cuda = torch.cuda.is_available() if cuda is None else cuda
+    has_mps = mps_available() if mps is None else mps
     if name == "auto":
-        if torch.cuda.is_available():
+        if has_cuda:
             return torch.device("cuda")
         if has_mps:
+            notify("Apple MPS: running on the Mac's GPU (preset auto takes fp16 there; bf16 needs macOS 14+).")
             return torch.device("mps")
         notify("NO GPU FOUND: running on the CPU, expect seconds per face (GPEN-BFR-512). "
                "Pass --device cpu to silence this, or check `gpen-tune doctor`.")
         return torch.device("cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
+    if name.startswith("cuda") and not has_cuda:
         raise ValueError(f"--device {name}: no CUDA GPU is visible to PyTorch (check the driver / "
                          "CUDA_VISIBLE_DEVICES)")
     if name == "mps" and not has_mps:
-        raise ValueError("--device mps: Apple MPS is not available on this machine")
+        raise ValueError("--device mps: Apple MPS is not available on this machine (it needs macOS 12.3+ and a "
+                         "PyTorch built with MPS); use --device cpu")
     return torch.device(name)
 
 

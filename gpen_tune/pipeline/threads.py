@@ -98,11 +98,15 @@ def run_threaded(source: Source, stages: Stages, restorer: Any, sink: Sink, conf
         cv2.setNumThreads(1)     # the workers are the parallelism: no per-call OpenCV thread pools on top
     saved_interval = sys.getswitchinterval()
     sys.setswitchinterval(min(saved_interval, SWITCH_INTERVAL_S))
+    torch_threads = torch.get_num_threads()
+    if restorer.device.type == "cpu":
+        torch.set_num_threads(config.cpu_threads())   # generator and detector at once: split the cores
     try:
         return run.execute(on_result)
     finally:
         sys.setswitchinterval(saved_interval)
         cv2.setNumThreads(threads)
+        torch.set_num_threads(torch_threads)
 
 
 class _Run:

@@ -10,11 +10,23 @@ from __future__ import annotations
 BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 
 
-def default_batch_size(device) -> int:
-    """Faces per generator call unless the user says otherwise: 32 on CUDA (a bucket; GPEN-512 bs32 fits a few GiB
-    in half precision and the restorer splits on OOM), 8 elsewhere (bigger CPU batches gain nothing)."""
+LOW_MEMORY_BATCH = 2
+
+
+def default_batch_size(device, low_memory: bool = False) -> int:
+    """Faces per generator call unless the user says otherwise.
+
+    CUDA: 32 (a bucket; GPEN-512 bs32 fits a few GiB in half precision and the restorer splits on OOM), or
+    LOW_MEMORY_BATCH with `low_memory` (--checkpoint, as in --preset low-memory: sized for a 4 GiB GPU's 700 MiB
+    peak budget with GPEN-512 in bf16; benchmarks/low_memory.py measures it). CPU: 1: a bigger batch is not
+    faster per face on a CPU (the convolutions already fill the cores at batch 1) and every face of a batch adds
+    its activations to the resident memory (GPEN-512 fp32 batch 8: > 4 GB). Elsewhere (MPS) 8."""
     kind = getattr(device, "type", None) or str(device)
-    return 32 if kind.startswith("cuda") else 8
+    if kind.startswith("cuda"):
+        return LOW_MEMORY_BATCH if low_memory else 32
+    if kind == "cpu":
+        return 1
+    return LOW_MEMORY_BATCH if low_memory else 8
 
 
 def bucket_floor(n: int, limit: int = BUCKETS[-1]) -> int:

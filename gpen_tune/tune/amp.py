@@ -9,8 +9,9 @@ Why it helps: half the bytes per activation (the network is memory-bound) and te
 Tolerance: >= 40 dB PSNR vs fp32 on the same faces (measured.md, synthetic weights: fp16 64 dB, bf16 50 dB; fp16
 keeps 3 more mantissa bits, bf16 has fp32's exponent range and cannot overflow).
 Fallback: the restorer checks every output; a non-finite value (fp16 overflow in a conv output) re-runs that batch
-in fp32 with the original weights (kept as a host copy by `Fp32Reserve`, moved to the device only when needed)
-and records it. No conv clamp (NVlabs' conv_clamp=256): the fp32 re-run is exact where a clamp changes pixels.
+in fp32 with the original weights (kept as a host copy by `Fp32Reserve`, moved to the device only when needed;
+not kept for bf16 on the CPU, see `keeps_fp32_originals`: there the half weights are up-cast) and records it.
+No conv clamp (NVlabs' conv_clamp=256): the fp32 re-run is exact where a clamp changes pixels.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpen_tune.model.layers import Blur, EqualLinear, ToRGB
+from gpen_tune.tune.hardware import CpuCapabilities, cpu_capabilities
 from gpen_tune.tune.options import TuneConfig
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "off": torch.float32}
@@ -92,6 +94,24 @@ def is_supported(device: str | torch.device, cfg: TuneConfig) -> str | None:
     return None
 
 
+def pays_off(device: str | torch.device, cfg: TuneConfig, cpu: CpuCapabilities | None = None) -> str | None:
+    """Why cfg.amp runs but cannot be faster than fp32 on `device` (None: it can). `is_supported` says whether it
+    runs at all; this is the bench's and the auto preset's question.
+
+    Rules: on the CPU half precision pays only with native dot products for it (`gpen_tune.tune.hardware`:
+    AVX512-BF16/AMX or ARM BF16 for bf16; AVX512-FP16/AMX-FP16 or ARM fp16 for fp16), else PyTorch emulates it
+    through fp32 (fp16 measured 155x slower than fp32 on an AVX-512 CPU without AVX512-FP16). On CUDA and Apple MPS
+    both run natively where `is_supported` passes (MPS: fp16 always, bf16 from macOS 14)."""
+    if cfg.amp == "off" or torch.device(device).type != "cpu":
+        return None
+    cpu = cpu or cpu_capabilities()
+    native = cpu.bf16_dot if cfg.amp == "bf16" else cpu.fp16_dot
+    if native:
+        return None
+    need = "AVX512-BF16 / AMX-BF16" if cfg.amp == "bf16" else "AVX512-FP16 / AMX-FP16"
+    return f"this CPU has no native {cfg.amp} dot products ({need}): {cfg.amp} is emulated, slower than fp32"
+
+
 class Fp32Reserve:
     """The fp32 weights of the parameters `cast_model` is about to cast, kept on the host for the NaN fallback.
 
@@ -124,12 +144,23 @@ class Fp32Reserve:
         return self._model
 
 
-def apply(model: nn.Module, cfg: TuneConfig) -> tuple[nn.Module, Fp32Reserve | None]:
-    """Cast `model` in place to cfg.amp's dtype; returns it and the fp32 reserve for the NaN fallback."""
+def keeps_fp32_originals(device: str | torch.device, cfg: TuneConfig) -> bool:
+    """Whether the NaN fallback keeps the fp32 originals (`Fp32Reserve`) or only up-casts the half weights.
+
+    Kept on a GPU (the copy lives in host memory, not the device's) and for fp16 everywhere (fp16 overflows: the
+    originals make its re-run exact). Not kept for bf16 on the CPU: bf16 has fp32's exponent range and does not
+    overflow, and there the copy would be a second resident set of weights in the memory the model runs in
+    (GPEN-BFR-512: 284 MB)."""
+    return not (torch.device(device).type == "cpu" and cfg.amp == "bf16")
+
+
+def apply(model: nn.Module, cfg: TuneConfig, keep_fp32: bool = True) -> tuple[nn.Module, Fp32Reserve | None]:
+    """Cast `model` in place to cfg.amp's dtype; returns it and the fp32 reserve for the NaN fallback
+    (`keep_fp32=False`: an up-cast-only reserve, no copy of the originals)."""
     dtype = AMP_DTYPES[cfg.amp]
     if dtype == torch.float32:
         return model, None
-    reserve = Fp32Reserve(model, dtype)
+    reserve = Fp32Reserve(model, dtype) if keep_fp32 else Fp32Reserve.upcast_only()
     if not reserve.saved:
         reserve = Fp32Reserve.upcast_only()
     return cast_model(model, dtype), reserve

@@ -82,7 +82,7 @@ def apply_switches(model: nn.Module, cfg: TuneConfig, device: torch.device, buck
         elif name == "amp" and on("fused"):
             pass  # fuse() builds its half-precision kernels from the fp32 weights; the cast follows it
         elif name == "amp":
-            model, done.reserve = amp.apply(model, cfg)
+            model, done.reserve = amp.apply(model, cfg, amp.keeps_fp32_originals(device, cfg))
             forward = model
         elif name == "fused":
             dtype = amp.AMP_DTYPES[cfg.amp] if on("amp") else None
@@ -93,9 +93,17 @@ def apply_switches(model: nn.Module, cfg: TuneConfig, device: torch.device, buck
                            "using the unfused model")
                 forward = model
             if dtype is not None:  # the generator stays as the NaN fallback's template: shrink it to half too
-                model, done.reserve = amp.apply(model, cfg)
+                keep = amp.keeps_fp32_originals(device, cfg)
+                model, done.reserve = amp.apply(model, cfg, keep)
                 if name in done.skipped:
                     forward = model
+                elif not keep:
+                    # bf16 on the CPU: no fp32 re-run (bf16 cannot overflow), so the fused module holds the only
+                    # weights the run needs; the template keeps its structure and dtype on the meta device
+                    model.to("meta")
+                    done.reserve = None
+                    done.notes.append("fused bf16 on the CPU: one resident copy of the weights, no fp32 re-run "
+                                      "(a non-finite face keeps its input crop)")
         elif name == "compile":
             forward = torch_compile.apply(forward, cfg, on_fallback=done.log.append, backend=compile_backend)
         elif name == "cuda_graph":

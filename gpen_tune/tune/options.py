@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
+from gpen_tune.tune.hardware import CpuCapabilities, cpu_capabilities
+
 CompileMode = Literal["default", "reduce-overhead", "max-autotune"]
 AmpMode = Literal["off", "bf16", "fp16"]
 COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune")
@@ -133,6 +135,15 @@ PRESETS: dict[str, TuneConfig] = {
     # smallest peak: detector released, features freed, half-precision activations, no graph pools
     "low-memory": TuneConfig(lazy_detector=True, compile=None, amp="bf16", act_checkpoint=True, face_crop=True,
                              cuda_graph=False, fused=False),
+    # the CPU: bf16 where the CPU has native bf16 dot products (`choose_cpu_preset` turns it off elsewhere), the
+    # fused generator (its PyTorch passes: channels-last oneDNN convs, one pass per conv epilogue), no GPU-only
+    # switch; benchmarks/results/*_cpu_generator_*.json have the measurements
+    "cpu": TuneConfig(lazy_detector=False, compile=None, amp="bf16", act_checkpoint=False, face_crop=True,
+                      cuda_graph=False, fused=True),
+    # Apple MPS: fp16 (Apple GPUs compute fp16 natively; bf16 needs macOS 14+, checked by amp.is_supported when
+    # asked for), the fused generator's PyTorch passes
+    "mps": TuneConfig(lazy_detector=False, compile=None, amp="fp16", act_checkpoint=False, face_crop=True,
+                      cuda_graph=False, fused=True),
 }
 PRESET_NAMES: tuple[str, ...] = ("auto", *PRESETS)
 
@@ -143,13 +154,25 @@ AUTO_SPEED_MIN_FREE = 16 * GiB
 AUTO_BALANCED_MIN_FREE = 6 * GiB
 
 
-def choose_preset(free_bytes: int | None, total_bytes: int | None) -> tuple[str, TuneConfig, str]:
-    """Pick a preset from free device memory (None = no CUDA device). Pure: the caller measures.
+def choose_cpu_preset(caps: CpuCapabilities) -> tuple[str, TuneConfig, str]:
+    """The CPU preset for a CPU: bf16 only with native bf16 dot products (emulated bf16 is slower than fp32).
+
+    Pure: the caller reads the capabilities (`gpen_tune.tune.hardware.cpu_capabilities`)."""
+    cfg = PRESETS["cpu"]
+    if caps.bf16_dot:
+        return "cpu", cfg, f"CPU ({caps.describe()}): preset cpu (bf16, fused)"
+    return "cpu", replace(cfg, amp="off"), f"CPU ({caps.describe()}): preset cpu in fp32 (no native bf16), fused"
+
+
+def choose_preset(free_bytes: int | None, total_bytes: int | None,
+                  cpu: CpuCapabilities | None = None) -> tuple[str, TuneConfig, str]:
+    """Pick a preset from free CUDA memory; None = no CUDA device: the CPU preset for `cpu` (default: this host's
+    CPU). Pure when `cpu` is given: the caller measures.
 
     Returns (preset name, its TuneConfig, a one-line reason to print).
     """
     if free_bytes is None:
-        return "balanced", PRESETS["balanced"], "no CUDA device: balanced (GPU-only switches are skipped on CPU)"
+        return choose_cpu_preset(cpu or cpu_capabilities())
     free_gib = free_bytes / GiB
     of_total = f" of {total_bytes / GiB:.1f} GiB" if total_bytes else ""
     if free_bytes >= AUTO_SPEED_MIN_FREE:
@@ -176,9 +199,12 @@ def device_memory(device) -> tuple[int | None, int | None]:
 
 
 def resolve_preset(name: str | None, device="cuda") -> tuple[str, TuneConfig, str]:
-    """A preset by name; 'auto' measures free memory on `device`. None = all off."""
+    """A preset by name; 'auto' measures free memory on a CUDA `device`, reads the CPU's capabilities on the CPU
+    and takes preset mps on Apple MPS. None = all off."""
     if name is None:
         return "none", TuneConfig(), "no preset: all switches off unless given"
+    if name == "auto" and str(device).startswith("mps"):
+        return "mps", PRESETS["mps"], "Apple MPS: preset mps (fp16, fused)"
     if name == "auto":
         return choose_preset(*device_memory(device))
     if name not in PRESETS:
@@ -197,3 +223,23 @@ def with_overrides(base: TuneConfig, **overrides) -> TuneConfig:
     if "compile" in given and given["compile"] in ("off", "none"):
         given["compile"] = None
     return replace(base, **given)
+
+
+def preset(name: str, device="cuda") -> TuneConfig:
+    """The TuneConfig of a preset by name (`resolve_preset` without the reason)."""
+    return resolve_preset(name, device)[1]
+
+
+def cli_flags(cfg: TuneConfig) -> str:
+    """The `gpen-tune` flags that turn cfg's switches on, in APPLY_ORDER, e.g. '--checkpoint --amp bf16'.
+
+    face_crop is the enhance default: it is spelled only when off (--no-face-crop)."""
+    parts = []
+    for name in cfg.enabled():
+        value = getattr(cfg, name)
+        flag = switch_meta(name)["flag"]
+        if name != "face_crop":
+            parts.append(flag if value is True else f"{flag} {value}")
+    if not cfg.face_crop:
+        parts.append("--no-face-crop")
+    return " ".join(parts) or "fp32, all off"

@@ -92,7 +92,7 @@ def test_bench_writes_json_markdown_and_png(bench_run):
     assert rows["lazy_detector"]["status"] == "skipped" and "nothing to free" in rows["lazy_detector"]["reason"]
 
     custom = rows["custom"]  # --preset low-memory: measured as its own row; the GPU-only part noted, not fatal
-    assert custom["status"] == "ok" and custom["label"].startswith("preset low-memory")
+    assert custom["status"] == "ok" and custom["label"].startswith("--preset low-memory")
     assert custom["config"]["act_checkpoint"] and custom["config"]["amp"] == "bf16"
     assert "lazy_detector" in custom["skipped_switches"] and custom["psnr_db"] >= 40.0
     assert "preset low-memory" in result.output

@@ -35,7 +35,7 @@ def nan_checkpoint(tmp_path_factory):
 
 def test_bucket_policy():
     assert default_batch_size("cuda") == default_batch_size(torch.device("cuda", 0)) == 32
-    assert default_batch_size("cpu") == default_batch_size(torch.device("cpu")) == 8
+    assert default_batch_size("cpu") == default_batch_size(torch.device("cpu")) == 1
     assert [take(n, 32) for n in (1, 3, 7, 29, 40)] == [1, 2, 4, 16, 32]        # bucket sizes, no padding
     assert [take(n, 32, one_shape=True) for n in (1, 3, 29, 40)] == [1, 3, 29, 32]   # padded forward: any count
     assert split_sizes(29) == [16, 8, 4, 1] and split_sizes(5, limit=2) == [2, 2, 1]

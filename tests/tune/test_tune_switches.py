@@ -135,7 +135,7 @@ def test_amp_casts_convs_keeps_fp32_islands_and_stays_within_tolerance(tiny_mode
 
 def test_amp_reruns_a_non_finite_batch_in_fp32_with_the_original_weights(tiny_model, tiny_ref):
     x, ref = tiny_ref
-    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), device="cpu")
+    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="fp16"), device="cpu")
     with torch.no_grad():  # an overflow in the half model only: its first conv weight becomes inf
         restore.model.ecd0[0][0].weight.mul_(float("inf"))
     out = restore(x)
@@ -154,10 +154,10 @@ def test_crop_level_guard_reruns_a_broken_half_batch_in_fp32(tiny_model):
     crops = [c.numpy() for c in ((face_batch(64, n=3) + 1) * 127.5).round().clamp(0, 255).byte().permute(0, 2, 3, 1)]
     with torch.no_grad():
         want = to_uint8_nhwc(tiny_model(to_model_input(torch.from_numpy(np.stack(crops))))).numpy()
-    healthy = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), device="cpu")
+    healthy = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="fp16"), device="cpu")
     healthy.restore_crops(crops)
     assert healthy.fp32_reruns == 0 and healthy.nonfinite_faces == 0
-    broken = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), device="cpu")
+    broken = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="fp16"), device="cpu")
     with torch.no_grad():
         broken.model.ecd0[0][0].weight.mul_(float("inf"))
     got = broken.restore_crops(crops)
@@ -169,7 +169,7 @@ def test_fp32_rerun_first_needed_inside_inference_mode(tiny_model, tiny_ref):
     """The folder runner restores under torch.inference_mode; the fp32 model built there for the first re-run must
     still run (its weights must not be inference tensors, whose version the demodulation cache reads)."""
     x, ref = tiny_ref
-    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), device="cpu")
+    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="fp16"), device="cpu")
     with torch.no_grad():
         restore.model.ecd0[0][0].weight.mul_(float("inf"))
     with torch.inference_mode():

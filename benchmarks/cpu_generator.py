@@ -1,0 +1,128 @@
+"""The generator on the CPU: gpen-tune's CPU path against upstream GPEN's formulation, same weights, one run.
+
+Variants (all at batch 1, the CPU's batch: a bigger batch gains nothing there):
+  upstream      `gpen_tune.model.reference`: per-sample modulated weights, grouped convs, fp32 (upstream's forward)
+  fp32          our FullGenerator in fp32 (no switches)
+  bf16          --amp bf16 on the FullGenerator
+  fused-bf16    --fused --amp bf16 (the fused generator's PyTorch passes, channels-last)
+  preset-cpu    what `--preset auto` builds on this CPU (`build_restorer` with `choose_cpu_preset`'s config)
+Calls are interleaved (A B C ... A B C ...) so a load change on a shared machine hits every variant alike; the
+JSON has medians of wall time and of process CPU time / threads (less sensitive to other processes), the
+relative IQR of each, the load average before and after, PSNR vs fp32 and the command.
+
+    python benchmarks/cpu_generator.py --model GPEN-BFR-256 --repeats 9 --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpen_tune.bench.measure import psnr, summary  # noqa: E402
+from gpen_tune.load import load_model  # noqa: E402
+from gpen_tune.model.fused import fuse  # noqa: E402
+from gpen_tune.model.reference import ReferenceGenerator  # noqa: E402
+from gpen_tune.restore import build_restorer  # noqa: E402
+from gpen_tune.tune.amp import cast_model  # noqa: E402
+from gpen_tune.tune.hardware import cpu_capabilities  # noqa: E402
+from gpen_tune.tune.options import choose_cpu_preset  # noqa: E402
+
+
+def build_variants(weights: str, model: str, names: list[str]) -> tuple[dict, torch.nn.Module, dict]:
+    base = load_model(weights, model)
+    variants, notes = {}, {}
+    if "upstream" in names:
+        variants["upstream"] = ReferenceGenerator(base)
+    if "fp32" in names:
+        variants["fp32"] = base
+    if "bf16" in names:
+        variants["bf16"] = cast_model(copy.deepcopy(base), torch.bfloat16)
+    if "fused-bf16" in names:
+        variants["fused-bf16"] = fuse(base, torch.bfloat16, impl="torch")
+    if "preset-cpu" in names:
+        _, cfg, why = choose_cpu_preset(cpu_capabilities())
+        restorer = build_restorer(copy.deepcopy(base), cfg, device="cpu", max_batch=1)
+        variants["preset-cpu"] = restorer.forward
+        notes["preset-cpu"] = {"config": cfg.describe(), "reason": why, "skipped": restorer.skipped}
+    return variants, base, notes
+
+
+def measure(variants: dict, x: torch.Tensor, repeats: int, threads: int) -> dict:
+    wall = {k: [] for k in variants}
+    cpu = {k: [] for k in variants}
+    with torch.inference_mode():
+        for fn in variants.values():
+            fn(x)                                                   # warm-up: oneDNN primitive creation
+        for _ in range(repeats):
+            for name, fn in variants.items():
+                c0, t0 = time.process_time(), time.perf_counter()
+                fn(x)
+                wall[name].append((time.perf_counter() - t0) * 1000)
+                cpu[name].append((time.process_time() - c0) * 1000 / threads)
+    return {k: {"wall": summary(wall[k]), "cpu_per_thread": summary(cpu[k]), "wall_ms": wall[k]}
+            for k in variants}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="GPEN-BFR-256")
+    ap.add_argument("--weights", default="synthetic")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--variants", default="upstream,fp32,bf16,fused-bf16,preset-cpu")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    load_before = os.getloadavg()
+    variants, base, notes = build_variants(args.weights, args.model, args.variants.split(","))
+    x = torch.rand(1, 3, base.size, base.size) * 2 - 1
+    with torch.inference_mode():
+        ref = base(x)
+        quality = {k: psnr(fn(x), ref) for k, fn in variants.items()}
+    timings = measure(variants, x, args.repeats, args.threads)
+    upstream = timings.get("upstream")
+    rows = {}
+    for name, t in timings.items():
+        row = {"ms_per_face_wall": t["wall"]["median_ms"], "ms_per_face_cpu": t["cpu_per_thread"]["median_ms"],
+               "rel_iqr_wall": t["wall"]["rel_iqr"], "psnr_vs_fp32_db": quality[name], "wall_ms": t["wall_ms"],
+               **notes.get(name, {})}
+        if upstream:
+            row["speedup_vs_upstream_wall"] = upstream["wall"]["median_ms"] / t["wall"]["median_ms"]
+            row["speedup_vs_upstream_cpu"] = upstream["cpu_per_thread"]["median_ms"] / t["cpu_per_thread"]["median_ms"]
+        rows[name] = row
+        print(f"{name:12s} wall {row['ms_per_face_wall']:8.1f} ms  cpu/thread {row['ms_per_face_cpu']:8.1f} ms  "
+              f"iqr {row['rel_iqr_wall']:.2f}  psnr {quality[name]:.1f} dB", flush=True)
+    result = {
+        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "model": args.model, "weights": args.weights, "batch": 1, "threads": args.threads,
+        "repeats": args.repeats, "interleaved": True, "cpu": platform.processor() or platform.machine(),
+        "capabilities": cpu_capabilities().__dict__, "torch": torch.__version__,
+        "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+        "noise": "rel_iqr_wall per row; ms_per_face_cpu = process CPU time / threads (other processes inflate "
+                 "wall time, much less CPU time)",
+        "rows": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    path = args.out / f"{stamp}_cpu_generator_{args.model}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=str))
+    tmp.rename(path)
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
