@@ -225,9 +225,6 @@ def with_overrides(base: TuneConfig, **overrides) -> TuneConfig:
     return replace(base, **given)
 
 
-def preset(name: str, device="cuda") -> TuneConfig:
-    """The TuneConfig of a preset by name (`resolve_preset` without the reason)."""
-    return resolve_preset(name, device)[1]
 
 
 def cli_flags(cfg: TuneConfig) -> str:
