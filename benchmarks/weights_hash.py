@@ -28,8 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpen_tune.model.load import load_model  # noqa: E402
-
+from gpen_tune.load import load_model  # noqa: E402
 from gpen_tune.model.configs import MODELS  # noqa: E402
 from gpen_tune.weights.checkpoint import find_non_finite, synthetic_state_dict  # noqa: E402
 from gpen_tune.weights.download import file_sha256  # noqa: E402

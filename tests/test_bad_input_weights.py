@@ -11,10 +11,10 @@ import os
 import pytest
 import torch
 from conftest_weights import checkpoint_file, closed_port, start_server
-from gpen_tune.model.load import load_model
 from typer.testing import CliRunner
 
 from gpen_tune.cli import app
+from gpen_tune.load import load_model
 from gpen_tune.weights.checkpoint import CheckpointError, read_state_dict
 from gpen_tune.weights.download import DownloadError, download_into
 from gpen_tune.weights.registry import WeightsMismatchError, ensure_weights

@@ -94,9 +94,10 @@ class MTCNNDetector(FaceDetector):
     def uses_pnet_graphs(self) -> bool:
         if self.device.type != "cuda" or not self.det_size or self.pnet_graphs is False:
             return False
-        if self.pnet_graphs is None:
+        if self.pnet_graphs is None:     # the memory this process may use: a capped process (4 GB mode) has less
             total = torch.cuda.get_device_properties(self.device).total_memory
-            return total >= PNET_GRAPHS_MIN_GIB * 2**30
+            fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _d: 1.0)(self.device)
+            return total * fraction >= PNET_GRAPHS_MIN_GIB * 2**30
         return True
 
     def capture_graphs(self) -> None:
