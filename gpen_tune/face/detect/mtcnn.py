@@ -96,7 +96,8 @@ class MTCNNDetector(FaceDetector):
             return False
         if self.pnet_graphs is None:     # the memory this process may use: a capped process (4 GB mode) has less
             total = torch.cuda.get_device_properties(self.device).total_memory
-            fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _d: 1.0)(self.device)
+            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _d: 1.0)(index)
             return total * fraction >= PNET_GRAPHS_MIN_GIB * 2**30
         return True
 
