@@ -31,10 +31,11 @@ def all_rows(compile_mode: str = "default", amp: str = "bf16") -> list[Row]:
     for name, n in cumulative:
         steps = STEPS[:n]
         cfg = step_config(steps, compile_mode, amp)
-        rows.append(Row(name, f"{name}: {cli_flags(cfg)}", steps, cfg))
+        rows.append(Row(name, f"{name}: {cli_flags(cfg, generator_only=True)}", steps, cfg))
     for step in STEPS:
         cfg = step_config((step,), compile_mode, amp)
-        rows.append(Row(step, "--face-crop" if step == "face_crop" else cli_flags(cfg), (step,), cfg))
+        label = "--face-crop" if step == "face_crop" else cli_flags(cfg, generator_only=True)
+        rows.append(Row(step, label, (step,), cfg))
     other_amp = "fp16" if amp == "bf16" else "bf16"
     rows.append(Row(f"amp_{other_amp}", f"--amp {other_amp}", ("amp",), replace(ALL_OFF, amp=other_amp)))
     rows.append(Row("fused", "--fused", ("fused",), replace(ALL_OFF, fused=True)))

@@ -130,7 +130,7 @@ def bench(
         custom, line = tune_config_from_options(preset, *switches, device=dev, base=TuneConfig())
         err.print(f"[bold]optimizations:[/] {line}", highlight=False)
         custom_label = f"--preset {preset.value}" if preset is not None else "custom"
-        custom_label += f": {cli_flags(custom)}"
+        custom_label += f": {cli_flags(custom, generator_only=True)}"
     settings = BenchSettings(
         model=model, weights=weights, device=dev, batch_sizes=_int_list(batch_sizes),
         rows=[r.strip() for r in rows.split(",") if r.strip()] if rows else None, repeats=repeats, warmup=warmup,

@@ -188,14 +188,13 @@ def enhance(
         raise fail("--devices runs on this host, --ray on a Ray cluster: choose one")
     build, run = Pipeline, run_enhance
     if ray or ray_address is not None:
-        from rich.markup import escape
 
         from gpen_tune.distributed.ray_data import RayMissing, import_ray
 
         try:
             import_ray()
         except RayMissing as e:
-            raise fail(escape(str(e))) from None             # "[ray]" is no console markup
+            raise fail(str(e)) from None
     try:                                                 # every argument checked before anything is printed
         model_info(model)
         check_pattern(name_pattern)

@@ -227,16 +227,17 @@ def with_overrides(base: TuneConfig, **overrides) -> TuneConfig:
 
 
 
-def cli_flags(cfg: TuneConfig) -> str:
+def cli_flags(cfg: TuneConfig, generator_only: bool = False) -> str:
     """The `gpen-tune` flags that turn cfg's switches on, in APPLY_ORDER, e.g. '--checkpoint --amp bf16'.
 
-    face_crop is the enhance default: it is spelled only when off (--no-face-crop)."""
+    face_crop is the enhance default: it is spelled only when off (--no-face-crop), and `generator_only` leaves it
+    out (bench rows time the generator, which face_crop does not touch)."""
     parts = []
     for name in cfg.enabled():
         value = getattr(cfg, name)
         flag = switch_meta(name)["flag"]
         if name != "face_crop":
             parts.append(flag if value is True else f"{flag} {value}")
-    if not cfg.face_crop:
+    if not cfg.face_crop and not generator_only:
         parts.append("--no-face-crop")
     return " ".join(parts) or "fp32, all off"

@@ -90,7 +90,7 @@ def ensure_aux_file(name: str, *, download: bool = True, validate: Callable[[Pat
         if not pin or pin.sha256 != got:
             if validate is not None:
                 validate(dest)
-            pins.set_pin(info.filename, got, st.st_size, source=str(dest), mtime_ns=st.st_mtime_ns)
+            pins.set_pin(info.filename, got, st.st_size, source=str(dest))
         return dest
     where = f"download {info.urls[0]} yourself and put it at {dest}"
     if not download or os.environ.get("GPEN_TUNE_OFFLINE"):

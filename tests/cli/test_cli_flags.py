@@ -18,7 +18,7 @@ from gpen_tune.cli._options import tune_config_from_options
 from gpen_tune.face import samples
 from gpen_tune.pipeline.settings import DEFAULT_DET_SIZE, detection_size
 from gpen_tune.tune import TuneConfig
-from gpen_tune.tune.options import switch_help
+from gpen_tune.tune.options import switch_short
 
 FLAG_NOT_NAMED_AFTER_FIELD = {"act_checkpoint": "checkpoint"}   # the one flag users know by a shorter name
 NON_DEFAULT = {"compile": "default", "amp": "bf16"}             # the switches that are not booleans
@@ -35,7 +35,7 @@ def test_every_tune_field_has_its_flag_with_the_fields_help(command):
     helps = {p.help for p in params if getattr(p, "help", None)}
     for field in fields(TuneConfig):
         assert _flag(field.name) in opts, f"{command}: no flag for TuneConfig.{field.name}"
-        assert switch_help(field.name) in helps, f"{command}: {_flag(field.name)} lacks the field's help"
+        assert switch_short(field.name) in helps, f"{command}: {_flag(field.name)} lacks the field's help"
 
 
 def test_each_switch_flag_sets_exactly_its_field():

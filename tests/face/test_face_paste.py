@@ -171,23 +171,6 @@ def test_small_face_softening():
     assert not np.array_equal(soft, sharp)
 
 
-def test_parse_classes_to_mask():
-    from gpen_tune.face.parse import class_mask
-
-    classes = np.zeros((512, 512), np.int64)                 # background
-    classes[100:420, 120:400] = 1                            # skin
-    classes[60:130, 120:400] = 14                            # hat
-    classes[380:470, 120:400] = 18                           # cloth
-    classes[200:230, 180:230] = 4                            # an eye inside the face
-    classes[130:200, 60:120] = 17                            # hair at the side
-    m = class_mask(classes, 512)
-    assert m.shape == (512, 512) and m.dtype == np.float32
-    assert m[250, 250] > 0.99 and m[215, 200] > 0.99 and m[165, 80] > 0.9      # skin, eye, hair kept
-    assert m[80, 250] < 0.01 and m[440, 250] < 0.01 and m[10, 10] < 0.01      # hat, cloth, background dropped
-    small = class_mask(classes, 256)
-    assert small.shape == (256, 256) and small[125, 125] > 0.99
-
-
 @pytest.mark.slow
 def test_face_parser_end_to_end_with_random_parsenet(tmp_path):
     """ParseNet built from facexlib's architecture (random init, saved in its layout); ~25 s per face on CPU."""

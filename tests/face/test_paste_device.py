@@ -13,7 +13,7 @@ from gpen_tune.face.align import alignment, warp_crop
 from gpen_tune.face.paste import (
     DeviceFace,
     PasteFace,
-    face_mask,
+    default_mask,
     paste_faces,
     paste_faces_device,
     soften,
@@ -41,7 +41,7 @@ def test_device_paste_matches_cpu_paste():
         restored = 255 - warp_crop(image, affine, size)         # a visibly different "restoration"
         small = min(d.box[2] - d.box[0], d.box[3] - d.box[1]) < 100
         cpu_faces.append(PasteFace(soften(restored) if small else restored, inverse, None))
-        dev_faces.append(DeviceFace(torch.from_numpy(restored), inverse, face_mask(size), soften=small))
+        dev_faces.append(DeviceFace(torch.from_numpy(restored), inverse, default_mask(size, inverse), soften=small))
     for strength in (1.0, 0.6):
         want = paste_faces(image, cpu_faces, strength).astype(int)
         got = paste_faces_device(image, dev_faces, strength, impl="torch").astype(int)
@@ -57,7 +57,7 @@ import cv2, numpy as np, torch
 from gpen_tune.face import samples
 from gpen_tune.face.align import alignment, warp_crop
 from gpen_tune.face.detect import init_detector
-from gpen_tune.face.paste import PasteFace, face_mask, paste_faces, soften
+from gpen_tune.face.paste import PasteFace, default_mask, face_mask, paste_faces, soften
 from gpen_tune.face.paste import DeviceFace, paste_faces_device
 from gpen_tune.ops import paste as paste_op
 
@@ -73,7 +73,7 @@ for i, d in enumerate(dets):
         restored = 255 - warp_crop(image, affine, size)
         small = i == 0                  # one softened face (upstream's small-face rule) on the kernel path too
         cpu_faces.append(PasteFace(soften(restored) if small else restored, inverse, None))
-        dev_faces.append(DeviceFace(torch.from_numpy(restored), inverse, face_mask(size), soften=small))
+        dev_faces.append(DeviceFace(torch.from_numpy(restored), inverse, default_mask(size, inverse), soften=small))
 res = {"faces": len(dev_faces), "available": paste_op.available(torch.device("cpu"))}
 for case, pick in (("apart", slice(0, None, 2)), ("overlapping", slice(None))):
     for strength in (1.0, 0.6):
@@ -127,7 +127,7 @@ def test_cuda_triton_paste_matches_the_torch_paste():
         affine, inverse = alignment(d.landmarks, 512, "gpen")
         restored = 255 - warp_crop(image, affine, 512)
         cpu_faces.append(PasteFace(restored, inverse, None))
-        dev_faces.append(DeviceFace(torch.from_numpy(restored).cuda(), inverse, face_mask(512)))
+        dev_faces.append(DeviceFace(torch.from_numpy(restored).cuda(), inverse, default_mask(512, inverse)))
     for strength in (1.0, 0.6):
         got = paste_faces_device(image, dev_faces, strength, impl="triton").astype(int)
         torch_path = paste_faces_device(image, dev_faces, strength, impl="torch").astype(int)

@@ -13,7 +13,6 @@ from gpen_tune.pipeline import EnhanceSettings, Pipeline
 from gpen_tune.restore.buckets import BUCKETS, bucket_floor, default_batch_size, split_sizes, take
 from gpen_tune.restore.restorer import Restorer, build_restorer
 from gpen_tune.tune import TuneConfig
-from gpen_tune.weights.checkpoint import synthetic_state_dict
 
 TINY = GPENConfig(64, narrow=0.25)
 
@@ -23,14 +22,14 @@ def model():
     return load_model("synthetic", model=TINY)
 
 
-@pytest.fixture(scope="module")
-def nan_checkpoint(tmp_path_factory):
-    """A checkpoint in the official layout (plain state dict, torch.save) whose float tensors are all NaN."""
-    sd = {k: torch.full_like(v, float("nan")) if v.is_floating_point() else v
-          for k, v in synthetic_state_dict(TINY).items()}
-    path = tmp_path_factory.mktemp("nan") / "nan-64.pth"
-    torch.save(sd, path)
-    return path
+def nan_generator():
+    """A generator whose weights turned NaN in memory (a NaN checkpoint file is refused at load, see
+    tests/test_bad_input_weights.py): what the restorer's guard is for."""
+    net = load_model("synthetic", model=TINY)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.fill_(float("nan"))
+    return net
 
 
 def test_bucket_policy():
@@ -72,10 +71,10 @@ def test_oom_split_at_the_crop_level_lowers_the_limit_and_keeps_the_results(mode
     assert np.array_equal(restorer.restore_crops(crops[:4]), got[:4]) and seen == [2, 2]
 
 
-def test_nan_checkpoint_keeps_the_input_crops_and_counts_them(nan_checkpoint):
+def test_nan_weights_keep_the_input_crops_and_count_them():
     """A checkpoint full of NaN: every face comes back as its input crop (not a black square), counted once per
     face, with one fallback line, through the restorer the library's Pipeline builds."""
-    net = load_model(nan_checkpoint, model=TINY)
+    net = nan_generator()
     enhancer = Pipeline(EnhanceSettings(device="cpu", batch_size=4), model=net)
     crops = samples.aligned_face_crops(64, 6)
     out = enhancer.restorer.restore_crops(list(crops))
@@ -87,9 +86,9 @@ def test_nan_checkpoint_keeps_the_input_crops_and_counts_them(nan_checkpoint):
     assert enhancer.restorer.nonfinite_faces == 8
 
 
-def test_nan_checkpoint_with_amp_reruns_in_fp32_first(nan_checkpoint):
+def test_nan_weights_with_amp_rerun_in_fp32_first():
     """With --amp the batch is re-run in fp32 first; still non-finite there, the input crop is kept."""
-    net = load_model(nan_checkpoint, model=TINY)
+    net = nan_generator()
     restorer = build_restorer(net, TuneConfig(amp="bf16"), device="cpu", max_batch=4)
     crops = list(samples.aligned_face_crops(64, 3))
     pending = restorer.submit(crops)

@@ -482,7 +482,7 @@ def test_fused_switch_uses_the_fast_module_built_from_fp32_weights(tiny_model, t
     assert (exact(x) - ref).abs().max() <= 1e-3
     half = build_restorer(copy.deepcopy(tiny_model), TuneConfig(fused=True, amp="bf16"), device="cpu")
     assert half.model.ecd0[0][0].weight.dtype == torch.bfloat16  # the fallback template is cast after fusing
-    assert half.reserve is not None and half.reserve.exact
+    assert half.reserve is None          # on the CPU no fp32 copy is kept (memory): a bad face keeps its input
     assert psnr(half(x), ref) >= 40.0
 
 
