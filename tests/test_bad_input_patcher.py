@@ -366,6 +366,7 @@ def state(checkout: Path) -> dict[str, tuple]:
     return entries
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["read-only", "crash"])
 def test_after_a_folder_turns_read_only_or_a_crash_the_next_run_recovers(world, kind):
     """From the n-th change on nothing can be written (or the process dies there), for every n: the sources are

@@ -105,6 +105,7 @@ def test_cached_registry_file_is_found_and_pinned(offline_cache, checkpoints):
         parse_weights_file()
 
 
+@pytest.mark.slow
 def test_device_masks_equal_host_masks_and_feather_widens_for_small_faces(checkpoints, faces):
     parser = FaceParser("cpu", checkpoints["ParseNet-latest.pth"])
     big = np.array([[1.5, 0.0, 10.0], [0.0, 1.5, 20.0]])              # a face ~ 2.7 times the crop's face
@@ -119,6 +120,7 @@ def test_device_masks_equal_host_masks_and_feather_widens_for_small_faces(checkp
     assert np.abs(np.diff(square_small)).max() < np.abs(np.diff(square_big)).max()
 
 
+@pytest.mark.slow
 def test_bf16_masks_agree_with_fp32_on_bundled_faces(checkpoints, faces):
     """The paste-mask criterion (IoU >= 0.99) and, since the test-made network's random logits all land in kept
     classes, also its class maps: they agree on nearly every pixel although random logits have tiny margins."""

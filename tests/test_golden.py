@@ -209,6 +209,7 @@ def test_goldens_exist_for_every_case():
     assert len(golden_names()) == 20, golden_names()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("serial", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["pipelined", "serial"])
 def test_folder_matches_golden(tmp, serial):
     outputs = case_folder(tmp / str(serial), serial)

@@ -247,6 +247,7 @@ print("RESULT" + json.dumps(res))
 """
 
 
+@pytest.mark.slow
 def test_triton_kernel_follows_the_blend_rule_in_interpreter():
     from triton_interp import run_in_interpreter
 

@@ -293,6 +293,7 @@ STAGE1_BATCHES = (("astronaut",), ("grace_hopper",), ("mosaic6_0",), ("crop",),
                   ("mosaic6_0", "astronaut", "crop", "grace_hopper", "mosaic4_3"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limits", [None, (1, 40)], ids=["default", "one_image_per_call_small_nms"])
 @pytest.mark.parametrize("keys", STAGE1_BATCHES, ids="+".join)
 def test_stage1_equals_the_per_scale_version(keys, limits, monkeypatch):
@@ -378,6 +379,7 @@ def assert_identical(got, want):
             assert_same(g, by_score(w), tol=1e-3, score_tol=1e-5)
 
 
+@pytest.mark.slow
 def test_fixed_canvas_plan_gives_the_dynamic_drivers_detections():
     """Six real photos (bucket 8: two padding slots), one too small for most scales and one face cut by the border,
     on a canvas 40 px larger than the largest: every P-Net cell each image has alone, so the same detections (same

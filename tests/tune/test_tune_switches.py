@@ -133,6 +133,7 @@ def test_amp_casts_convs_keeps_fp32_islands_and_stays_within_tolerance(tiny_mode
     assert restore.effective.amp == amp and not restore.fallbacks
 
 
+@pytest.mark.slow
 def test_amp_reruns_a_non_finite_batch_in_fp32_with_the_original_weights(tiny_model, tiny_ref):
     x, ref = tiny_ref
     restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="fp16"), device="cpu")
@@ -145,6 +146,7 @@ def test_amp_reruns_a_non_finite_batch_in_fp32_with_the_original_weights(tiny_mo
     assert any("re-ran it in fp32" in f and "original fp32 weights" in f for f in restore.fallbacks)
 
 
+@pytest.mark.slow
 def test_crop_level_guard_reruns_a_broken_half_batch_in_fp32(tiny_model):
     """The pipeline's form of the NaN guard (submit / restore_crops): the per-face flags travel with the batch and
     a non-finite face sends the batch to the fp32 re-run; the crops equal the fp32 model's, nothing is counted
@@ -165,6 +167,7 @@ def test_crop_level_guard_reruns_a_broken_half_batch_in_fp32(tiny_model):
     assert np.array_equal(got, want)
 
 
+@pytest.mark.slow
 def test_fp32_rerun_first_needed_inside_inference_mode(tiny_model, tiny_ref):
     """The folder runner restores under torch.inference_mode; the fp32 model built there for the first re-run must
     still run (its weights must not be inference tensors, whose version the demodulation cache reads)."""
