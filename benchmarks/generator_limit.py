@@ -389,7 +389,7 @@ def table(rows: list[dict]) -> str:
 
 
 def targets(rows: list[dict], main_label: str) -> list[str]:
-    """The issue's acceptance numbers, read off this run's rows (GPEN-BFR-512, half precision, PSNR >= 40)."""
+    """The generator targets, read off this run's rows (GPEN-BFR-512, half precision, PSNR >= 40)."""
     ok = [r for r in rows if r["model"] == main_label and "ms" in r and r.get("finite")]
     half = [r for r in ok if VARIANTS[r["variant"]]["dtype"] in ("bf16", "fp16") and r["psnr_db"] >= 40]
     out = []

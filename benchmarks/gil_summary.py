@@ -3,7 +3,7 @@
 Only samples of worker threads (stacks under threading's bootstrap) are counted, so the process start-up (imports,
 synthetic weights) does not swamp the run. Writes a small JSON: samples per thread kind, and the functions that
 hold the GIL most (inclusive: a function counts once per sample whatever its depth). The raw profile is large and
-stays out of the repository; this summary is what the README and the issue notes quote.
+stays out of the repository; this summary is what benchmarks/RESULTS.md quotes.
 
     python3 benchmarks/gil_summary.py RAW.txt --command "py-spy record ..." --rate 250 -o summary.json
 """

@@ -1,6 +1,6 @@
 """Batch-1 latency of the plain (non-fused) generator, eager vs CUDA-graph replay, and where the GPU time goes.
 
-Issue 4's `--cuda-graph` target is "bs1 with graphs at most half the eager bs1 time". A graph removes the CPU's
+The `--cuda-graph` target is "bs1 with graphs at most half the eager bs1 time". A graph removes the CPU's
 launch cost, not the GPU's work, so the ratio is decided by how much GPU time one bs1 forward needs. This script
 measures, in one process and on the same weights and input:
   * eager and graph-replay ms at batch 1 (median of --repeats, CUDA events) for fp32 (TF32 convs) and bf16,

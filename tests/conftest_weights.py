@@ -1,6 +1,6 @@
 """Helpers for the weights / download / doctor tests: a real HTTP server on 127.0.0.1 and official-layout files.
 
-Not a conftest.py (the lead owns that): the test modules import from here.
+Not a conftest.py: the test modules import from here.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`gpen-tune bench`: the seeds' table, reproduced and extended, measured on real face crops."""
+"""`gpen-tune bench`: the optimization table (six steps, cumulative and alone), measured on real face crops."""
 
 from gpen_tune.bench.report import markdown_table, write_outputs
 from gpen_tune.bench.rows import DEFAULT_ROWS, all_rows, select_rows

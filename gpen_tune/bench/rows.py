@@ -1,4 +1,4 @@
-"""The benchmark's rows: the fp32 default, the seeds' cumulative steps, each step alone (and optional extras)."""
+"""The benchmark's rows: the fp32 default, the six steps cumulatively, each step alone (and optional extras)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from gpen_tune.ops.warp_crop import warp_crops
 
 TEMPLATES = ("gpen", "ffhq")
 
-# Classic 96x112 five-point set (x, y) that upstream GPEN pads to its template (facts 2.4).
+# Classic 96x112 five-point set (x, y) that upstream GPEN pads to its template.
 _BASE_96x112 = np.array([
     [30.2946, 51.6963], [65.5318, 51.5014], [48.0252, 71.7366], [33.5493, 92.3655], [62.7299, 92.2041],
 ])

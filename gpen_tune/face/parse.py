@@ -1,7 +1,7 @@
 """The face-parsing paste mask (on by default when its weights are available, as upstream pastes through it).
 
 Upstream GPEN runs ParseNet (19 classes) on every restored face and pastes only skin, features, hair and neck:
-classes 0 (background), 14 (hat) and 18 (cloth) are dropped (facts 2.2 step 6). The network is facexlib's
+classes 0 (background), 14 (hat) and 18 (cloth) are dropped (upstream GPEN's paste mask). The network is facexlib's
 `ParseNet` built with upstream's configuration; upstream's `ParseNet-latest.pth` and facexlib's
 `parsing_parsenet.pth` share one key layout (both are the PSFR-GAN parsing net: encoder / body / decoder /
 out_img_conv / out_mask_conv, blocks named conv2d and norm.norm), so both load strictly without renaming; a

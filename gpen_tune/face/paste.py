@@ -41,7 +41,7 @@ from gpen_tune.ops.paste import paste_union
 from gpen_tune.ops.transfer import to_device_async
 
 REF_SIZE = 512               # upstream's mask numbers are for a 512 crop; they scale with the crop size
-BORDER_AT_512 = 26           # px cleared on each side (facts 2.2 step 6)
+BORDER_AT_512 = 26           # px cleared on each side (upstream GPEN's paste mask)
 SIGMA_AT_512 = 4.0           # two Gaussian blurs of this sigma (kernel 101 at 512)
 KSIZE_AT_512 = 101
 BORDER_SIGMAS = BORDER_AT_512 / (SIGMA_AT_512 * math.sqrt(2.0))   # cleared border in effective sigmas (~4.6)

@@ -1,6 +1,6 @@
 """GPEN generator configurations: the released BFR models and any (size, channel_multiplier, narrow).
 
-Numbers come from the upstream GPEN repository (commit 2c73670), see `../shared/design/gpen-upstream-facts.md`
+Numbers come from the upstream GPEN repository (commit 2c73670)
 sections 3.1 and 3.6.
 """
 

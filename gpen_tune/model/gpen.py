@@ -4,7 +4,7 @@ The encoder (`ecd0` ... `ecd{L-2}`) maps the degraded face to a latent code and 
 resolution; the decoder (`generator`) synthesises from a learned constant, modulated by the mapped latent w, and
 concatenates the encoder feature of each resolution after every modulated conv (where StyleGAN2 adds noise).
 
-Written from the facts in `../shared/design/gpen-upstream-facts.md` (section 3); module paths reproduce the state
+Written from upstream GPEN's published architecture (commit 2c73670); module paths reproduce the state
 dict of the released checkpoints, so they load with strict=True.
 """
 

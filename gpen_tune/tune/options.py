@@ -111,7 +111,7 @@ def switch_meta(name: str) -> dict:
     return dict(next(f for f in fields(TuneConfig) if f.name == name).metadata)
 
 
-# The seeds' six steps, in their numbering (bench rows "1", "1+2", ...); `fused` is our seventh, off the list.
+# The six optimization steps, in the bench's numbering (bench rows "1", "1+2", ...); `fused` is our seventh, off the list.
 STEPS: tuple[str, ...] = ("lazy_detector", "compile", "amp", "act_checkpoint", "face_crop", "cuda_graph")
 
 # The fixed order `build_restorer` applies switches in, and why:
@@ -149,7 +149,7 @@ PRESET_NAMES: tuple[str, ...] = ("auto", *PRESETS)
 
 GiB = 1024**3
 # `auto` thresholds on *free* device memory (torch.cuda.mem_get_info), sized for GPEN-BFR-512: fp32 batch 16 peaks
-# near 10 GiB, bf16 batch 16 near 5 GiB, the detector + bf16 batch 1 near 1.5 GiB (measured.md / bench results).
+# near 10 GiB, bf16 batch 16 near 5 GiB, the detector + bf16 batch 1 near 1.5 GiB (bench results).
 AUTO_SPEED_MIN_FREE = 16 * GiB
 AUTO_BALANCED_MIN_FREE = 6 * GiB
 

@@ -174,7 +174,7 @@ def http_dir(tmp_path):
 
 
 def test_retinaface_weights_downloaded_into_cache(http_dir, tmp_path, monkeypatch):
-    pytest.importorskip("gpen_tune.weights.download", reason="download helper not merged yet")
+    pytest.importorskip("gpen_tune.weights.download", reason="needs the weights downloader")
     served, base = http_dir
     monkeypatch.setenv("GPEN_TUNE_HOME", str(tmp_path / "home"))
     _retinaface_file(served, prefix="")

@@ -1,7 +1,7 @@
 """The fast path computes the plain model's function: every fused pass against the fp32 formulation.
 
 Tolerances: fp32 paths max-abs <= 1e-4 against FullGenerator / the per-sample reference (observed ~5e-6);
-bf16 >= 40 dB PSNR (the issue's fidelity bar; observed ~50 dB). Triton kernels run through Triton's CPU
+bf16 >= 40 dB PSNR (the fidelity bar; observed ~50 dB). Triton kernels run through Triton's CPU
 interpreter in a subprocess (TRITON_INTERPRET=1 must be set before Triton is imported).
 """
 
@@ -72,7 +72,7 @@ def test_fused_fp32_matches_model(tiny_models, size):
 
 
 def test_reference_matches_model_and_upstream_formulas(tiny_models):
-    from gpen_reference import gpen_forward_ref  # the lead's independent state-dict reference (tests/)
+    from gpen_reference import gpen_forward_ref  # the independent state-dict reference (tests/)
 
     model = tiny_models[32]
     x = faces(32, 2)

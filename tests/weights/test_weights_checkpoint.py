@@ -15,7 +15,7 @@ from gpen_tune.model.configs import GPENConfig
 from gpen_tune.weights.checkpoint import CheckpointError, read_state_dict
 from gpen_tune.weights.registry import infer_model, verify_file
 
-# From gpen-upstream-facts.md 3.6 / 3.7 / section 6: entries, learned parameters, module counts, and a few
+# Upstream GPEN's checkpoints: entries, learned parameters, module counts, and a few
 # literal shapes per level (first/last synthesis level, channel-table breakpoints, encoder ends, final_linear).
 FACTS = {
     "GPEN-BFR-256": dict(entries=144, params=18_879_010, convs=12, to_rgbs=6, ecd=7, shapes={

@@ -16,7 +16,7 @@ import cv2
 import numpy as np
 import torch
 
-DEFAULT_THRESHOLD = 0.9          # upstream GPEN keeps faces scoring > 0.9 (facts 2.3)
+DEFAULT_THRESHOLD = 0.9          # upstream GPEN keeps faces scoring > 0.9 (upstream's detector threshold)
 DEFAULT_DET_SIZE = 1024          # long side for detection; upstream shrinks images > 1500 px to 1000 px
 MAX_BATCH = 8                    # images per detector forward pass (RetinaFace: same-size images only)
 

@@ -4,7 +4,7 @@ Why: in a folder run the detector thread of `services.BatchingDetector` runs hun
 per batch in Python (`mtcnn_batched`) and competes for the GIL with ~60 other threads (H200: ~73
 images/s in the run against 292 images/s for the same driver alone, py-spy shows the GIL). A process has its
 own GIL and its own CUDA context. Measured (H200, no MPS, `benchmarks/throughput.py`): no faster while other
-stages also limited (331 vs 341 faces/s, 20261201-022528); once the detector was the only limit (session 7), faster
+stages also limited (331 vs 341 faces/s, 20261201-022528); once the detector was the only limit, faster
 in every comparison: 620 / 623 vs 598 / 547 faces/s on 1,024 photos (20261201-080529), 693 vs 625 on 4,096
 (20261201-081014). It stays opt-in (`enhance --detector-process`) because its start (spawn, import, CUDA context,
 P-Net graphs) takes ~10 s. Without MPS the GPU time-slices between the two processes' contexts, so the
