@@ -1,7 +1,7 @@
 """Patch `amp` for upstream yangxy/GPEN 2c73670: bf16/fp16 generator with fp32 islands, inside FaceGAN.
 
 Not autocast: upstream's compiled CUDA ops raise under autocast, and on the pure-PyTorch path autocast made the
-generator 3-5x slower (grouped conv and depthwise FIR in half; upstream GPEN measured on an H200). Instead, once in
+generator 3-5x slower (grouped conv and depthwise FIR in half; upstream, measured). Instead, once in
 FaceGAN.load_model (via `generator-runner`): weights and activations are cast to the half dtype, while every
 EqualLinear (mapping network, final_linear, per-layer style modulation) and the RGB-skip upsampling stay fp32
 with their inputs converted on entry; ModulatedConv2d uses the batch-friendly formulation with styles and

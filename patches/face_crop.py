@@ -2,7 +2,7 @@
 
 Upstream detects on the full image (only above 1500 px does RetinaFace shrink it to 1000) and, for every face,
 warps the mask and the face onto full-frame canvases and runs four full-frame np.where passes and a full-frame
-float64 blend: CPU time grows with the photo, not with the faces (upstream GPEN measured on an H200: 1.25 s of 2.39 s on Solvay).
+float64 blend: CPU time grows with the photo, not with the faces (upstream on an H200: 1.25 s of 2.39 s on Solvay).
 Edit: FaceEnhancement.process starts with
 `if gpen_tune_runtime.face_crop_on() and not aligned: return gpen_tune_runtime.face_crop_process(self, img)`,
 which runs the same per-face steps through the same objects (self.facedetector, facegan, faceparser,

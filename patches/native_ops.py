@@ -3,7 +3,7 @@
 Upstream yangxy/GPEN 2c73670, face_model/op/fused_act.py and upfirdn2d.py: at import, on Linux with CUDA, they
 JIT-build a CUDA extension; and `fused_leaky_relu` / `upfirdn2d` test `platform.system() == 'Linux' and
 torch.cuda.is_available()` on every call. torch.compile fails on that call inside forward, and the compiled ops
-raise under half precision (as measured on upstream GPEN). Edits:
+raise under half precision (upstream, measured). Edits:
   * the module-level build runs only if `gpen_tune_runtime.use_cuda_ext()` also agrees (GPEN_TUNE_OPS=torch,
     or compile/amp on -> no build at all), and records `_GPEN_TUNE_CUDA_OPS = True` when it did build;
   * inside the functions the platform/CUDA terms are replaced by that import-time constant (the per-call

@@ -1,6 +1,6 @@
 """Patch `compile` for upstream yangxy/GPEN 2c73670: torch.compile of the generator inside FaceGAN.
 
-On upstream as shipped torch.compile fails: `platform.system()` is called inside forward (as measured on upstream GPEN). This
+On upstream as shipped torch.compile fails: `platform.system()` is called inside forward (upstream, measured). This
 patch pulls in `native-ops` (op path decided once at import; pure-PyTorch ops and no CUDA build while
 compiling) and `generator-runner` (FaceGAN.load_model wraps `self.model` once: `torch.compile(model, mode)`).
 ModulatedConv2d switches to the batch-friendly formulation under it (no grouped conv).

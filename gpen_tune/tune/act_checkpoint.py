@@ -2,7 +2,7 @@
 
 Why not torch.utils.checkpoint: activation checkpointing trades recomputation for the activations autograd keeps
 for the backward pass. Under `torch.no_grad()` / `inference_mode()` nothing is kept for backward, so it saves
-nothing at inference (as measured on upstream GPEN). GPEN's real inference peak is different: every encoder feature map is held
+nothing at inference (upstream, measured). GPEN's real inference peak is different: every encoder feature map is held
 from the encoder pass until the decoder reaches its resolution (they are concatenated as "noise"), and the
 largest ones (ecd0 at S x S, ecd1 at S/2 x S/2) are needed only by the last decoder levels, exactly where the
 decoder's own tensors are widest.

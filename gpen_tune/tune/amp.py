@@ -4,7 +4,7 @@ What changes: every conv weight and the activations run in bf16/fp16 (half the b
 What stays fp32: the mapping network and `final_linear` (the style path), the per-layer styles and demodulation
 coefficients (a sum of cin*k*k squares overflows fp16), the RGB skip accumulation (ToRGB returns fp32).
 Inputs are converted once at the model's entry, outputs are fp32. Not autocast: autocast re-casts weights on
-every call and GPEN's fp32 biases promote activations back to fp32 (upstream GPEN measured on an H200: 3-5x slower, more memory).
+every call and GPEN's fp32 biases promote activations back to fp32 (upstream on an H200: 3-5x slower, more memory).
 Why it helps: half the bytes per activation (the network is memory-bound) and tensor-core convolutions.
 Tolerance: >= 40 dB PSNR vs fp32 on the same faces (synthetic weights: fp16 64 dB, bf16 50 dB; fp16
 keeps 3 more mantissa bits, bf16 has fp32's exponent range and cannot overflow).

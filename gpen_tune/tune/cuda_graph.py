@@ -9,7 +9,7 @@ All buckets share one private memory pool: only one graph runs at a time and eac
 after its replay, so a later capture may reuse an earlier graph's scratch memory (peak = the largest graph, not
 the sum).
 Why it helps: at batch 1 GPEN launches hundreds of small kernels; the CPU cannot launch them as fast as the GPU
-runs them. A graph replay is one launch (upstream GPEN measured on an H200: launches dominate small batches).
+runs them. A graph replay is one launch (upstream on an H200: launches dominate small batches).
 With --compile: "reduce-overhead" and "max-autotune" already replay through CUDA graphs (Inductor's
 triton.cudagraphs), so no manual capture is done (no capture twice); with "default" the compiled module is what
 gets captured.

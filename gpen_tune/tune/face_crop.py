@@ -3,7 +3,7 @@
 What changes (pipeline settings, not the generator): `det_size` = the long side the detector sees
 (DETECT_LONG_SIDE; None = native resolution) and `face_crop` = True: alignment warps, masks and paste-back run on
 each face's bounding region instead of full-frame canvases per face (upstream warps two full-frame images and
-runs four full-frame passes per face: upstream GPEN measured on an H200 showed 3.8 s of CPU work per 12 MP photo, growing with the photo,
+runs four full-frame passes per face: measured upstream, 3.8 s of CPU work per 12 MP photo, growing with the photo,
 not the faces). Off = upstream-like whole-frame processing, kept for comparison.
 Why it helps: time and host/GPU memory scale with the faces, not with the megapixels; the detector's feature maps
 at native 12+ MP resolution are the documented OOM source in GPEN #15.

@@ -111,7 +111,7 @@ def switch_meta(name: str) -> dict:
     return dict(next(f for f in fields(TuneConfig) if f.name == name).metadata)
 
 
-# The six optimization steps, in the bench's numbering (bench rows "1", "1+2", ...); `fused` is our seventh, off the list.
+# The six optimization steps, in the bench's numbering (rows "1", "1+2", ...); `fused` is our seventh, off the list.
 STEPS: tuple[str, ...] = ("lazy_detector", "compile", "amp", "act_checkpoint", "face_crop", "cuda_graph")
 
 # The fixed order `build_restorer` applies switches in, and why:

@@ -1,11 +1,11 @@
 """--compile default|reduce-overhead|max-autotune: torch.compile of the generator, whole graph, no breaks.
 
 What changes: the generator's forward is traced by Dynamo with fullgraph=True (our model is plain PyTorch with no
-Python-side effects in forward, unlike upstream whose `platform.system()` call breaks tracing, as measured on upstream GPEN) and
+Python-side effects in forward, unlike upstream whose `platform.system()` call breaks tracing, measured upstream) and
 compiled by Inductor: elementwise chains (bias + leaky ReLU + gain, style scaling, demodulation, the FIR padding)
 fuse into few kernels. "reduce-overhead" additionally replays the result through CUDA Graphs (then the manual
 `--cuda-graph` capture is skipped), "max-autotune" benchmarks GEMM/conv templates (longer warm-up).
-Why it helps: GPEN is bound by memory traffic and kernel launches, not FLOPs (upstream GPEN measured on an H200: fp32 eager bs1 10.8 ms
+Why it helps: GPEN is bound by memory traffic and kernel launches, not FLOPs (upstream, H200: fp32 eager bs1 10.8 ms
 -> 8.2 ms compiled, 135 -> 208 faces/s).
 Tolerance: max-abs <= 1e-3 vs eager fp32 (fused kernels reorder float sums).
 Warm-up: compile happens on the first call per input shape (tens of seconds on a GPU; minutes on a 2-core CPU);

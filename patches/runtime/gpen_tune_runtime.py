@@ -141,7 +141,7 @@ def use_cuda_ext() -> bool:
         return False
     if choice == "cuda":
         return True
-    # the compiled ops raise under half precision and cannot be traced by torch.compile (as measured on upstream GPEN)
+    # the compiled ops raise under half precision and cannot be traced by torch.compile (upstream, measured)
     return not (compile_mode() or amp_dtype())
 
 
