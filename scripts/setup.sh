@@ -2,7 +2,8 @@
 # Set up gpen-tune in ./.venv (created if missing): torch, the package and its offline face detector.
 # Safe to re-run (what is installed already is kept). Prints each step, pip's progress, and at the end how long
 # it took and how large .venv is.
-# Usage: sh scripts/setup.sh [--dev]      (--dev adds pytest and ruff)
+# Usage: sh scripts/setup.sh [--dev]      (--dev adds pytest, ruff and the optional extras the tests cover: Ray
+#                                          for --ray, spandrel for --bg-upsampler)
 set -eu
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -19,8 +20,8 @@ PIP=".venv/bin/python -m pip"
 extras=""
 with_dev=""
 if [ "${1:-}" = "--dev" ]; then
-    extras="[dev]"
-    with_dev=", with pytest and ruff"
+    extras="[dev,ray,upscale]"
+    with_dev=", with pytest, ruff, Ray and spandrel"
 fi
 
 # torch first, in the range the package accepts (pip picks the build for this platform)
