@@ -27,6 +27,8 @@ import platform
 import shutil
 import sys
 
+import gpen_tune
+
 NO_GPU_WARNING = "no CUDA GPU found: gpen-tune runs on CPU, which takes seconds per face"
 
 # import name -> (distribution name, why gpen-tune wants it, heavy: importing it pulls in torchvision, ~3 s)
@@ -52,8 +54,6 @@ def diagnose(check_imports: bool = False) -> dict:
     import torchvision, which imports torch._dynamo, ~3 s) only with `check_imports=True`, else their
     "importable" is None (= not checked), so the default report stays quick.
     """
-    import gpen_tune
-
     report: dict = {
         "python": {"version": platform.python_version(), "executable": sys.executable,
                    "platform": platform.platform()},

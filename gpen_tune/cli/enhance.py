@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from gpen_tune import __version__
 from gpen_tune.cli import app
 from gpen_tune.cli._console import err, fail, failure, notice, out, user_errors
 from gpen_tune.cli._options import (
@@ -280,10 +282,6 @@ def run_command(names, output: Path, settings, tune, *, recursive, ext, suffix, 
         out.print(f"device {lane['device']}: {lane['images']} images, {lane['faces']} faces, "
                   f"{lane['faces_per_s'] or 0:.2f} faces/s{lost}", highlight=False, soft_wrap=True)
     if report is not None:
-        from dataclasses import asdict
-
-        from gpen_tune import __version__
-
         data = {"gpen_tune": __version__, "settings": asdict(settings), "device": str(pipe.device),
                 "weights": pipe.weights_source, "detector": detector_name, "tune": summary["tune"],
                 "summary": summary, "images": [j.report() for j in result.jobs]}
