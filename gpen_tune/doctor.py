@@ -77,7 +77,7 @@ def diagnose(check_imports: bool = False) -> dict:
 
 def _torch_section(warnings: list[str]) -> dict:
     try:
-        import torch
+        import torch  # heavy: torch, inside the guard that reports it missing
     except Exception as e:  # a broken torch install must still give a report
         warnings.append(f"torch does not import: {e}")
         return {"torch": {"version": None}, "cuda": {"available": False, "device_count": 0, "bf16": False,
@@ -168,7 +168,7 @@ def _dist_version(dist: str) -> str | None:
 
 
 def _cache_section(warnings: list[str]) -> dict:
-    from gpen_tune.weights.cache import cache_dir
+    from gpen_tune.weights.cache import cache_dir  # heavy: torch (doctor imports light)
 
     root = cache_dir()
     section: dict = {"dir": str(root), "env": os.environ.get("GPEN_TUNE_HOME"), "exists": root.is_dir(),
@@ -176,7 +176,7 @@ def _cache_section(warnings: list[str]) -> dict:
     if not root.is_dir():
         return section
     try:
-        from gpen_tune.weights.pins import PINS_FILE, read_pins
+        from gpen_tune.weights.pins import PINS_FILE, read_pins  # heavy: torch (doctor imports light)
 
         pinned = {k: v.sha256 for k, v in read_pins().items()}
     except Exception as e:

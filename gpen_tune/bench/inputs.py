@@ -40,7 +40,7 @@ def crops_from_folder(folder: str | Path, size: int, limit: int | None = None) -
 def bundled_crops(size: int, limit: int | None = None) -> np.ndarray:
     """Faces detected in the bundled real photos (gpen_tune.face.samples, the pipeline part)."""
     try:
-        from gpen_tune.face.samples import aligned_face_crops
+        from gpen_tune.face.samples import aligned_face_crops  # optional: the pipeline part and its offline detector
 
         return aligned_face_crops(size, n=limit)
     except Exception as e:  # the pipeline part or its offline detector (facenet-pytorch) missing

@@ -173,13 +173,17 @@ def enhance(
     fused: FusedOpt = None,
 ) -> None:
     """Restore every face in photos and videos: detect, align, restore in batches, paste back seamlessly."""
-    from gpen_tune.model.configs import model_info
-    from gpen_tune.pipeline.api import Pipeline, VideoOptions
-    from gpen_tune.pipeline.api import enhance as run_enhance
-    from gpen_tune.pipeline.outputs import check_ext, check_pattern
-    from gpen_tune.pipeline.report import check_report_path
-    from gpen_tune.pipeline.scheduler import SchedulerConfig
-    from gpen_tune.pipeline.settings import EnhanceSettings, detection_size, resolve_device
+    from gpen_tune.model.configs import model_info  # heavy: torch (fast --help)
+    from gpen_tune.pipeline.api import Pipeline, VideoOptions  # heavy: torch (fast --help)
+    from gpen_tune.pipeline.api import enhance as run_enhance  # heavy: torch (fast --help)
+    from gpen_tune.pipeline.outputs import check_ext, check_pattern  # heavy: cv2 (fast --help)
+    from gpen_tune.pipeline.report import check_report_path  # heavy: torch (fast --help)
+    from gpen_tune.pipeline.scheduler import SchedulerConfig  # heavy: torch (fast --help)
+    from gpen_tune.pipeline.settings import (  # heavy: torch (fast --help)
+        EnhanceSettings,
+        detection_size,
+        resolve_device,
+    )
 
     names = list(inputs or []) + list(input_ or [])
     if not names:
@@ -191,7 +195,7 @@ def enhance(
     build, run = Pipeline, run_enhance
     if ray or ray_address is not None:
 
-        from gpen_tune.distributed.ray_data import RayMissing, import_ray
+        from gpen_tune.distributed.ray_data import RayMissing, import_ray  # optional: ray (the [ray] extra)
 
         try:
             import_ray()
@@ -205,7 +209,7 @@ def enhance(
             check_report_path(report)
         scale_to_ray = ray or ray_address is not None
         if scale_to_ray and device.value != "cpu":       # the restore actors' device (GPUs of the cluster)
-            import torch
+            import torch  # heavy: torch (fast --help)
 
             dev = torch.device("cuda")
         else:
@@ -224,11 +228,11 @@ def enhance(
             raise ValueError("--detector-process runs the detector in its own process, which --lazy-detector "
                              "cannot release: choose one")
         if devices is not None:
-            from gpen_tune.cli._scale import device_pool_builder
+            from gpen_tune.cli._scale import device_pool_builder  # heavy: torch (fast --help)
 
             build = device_pool_builder(devices)
         if scale_to_ray:
-            from gpen_tune.cli._scale import RayRun, ray_runner
+            from gpen_tune.cli._scale import RayRun, ray_runner  # optional: ray (the [ray] extra)
 
             build, run = RayRun, ray_runner(output, ray_address, 0 if dev.type == "cpu" else 1)
     except user_errors() as e:
@@ -246,8 +250,8 @@ def enhance(
 def run_command(names, output: Path, settings, tune, *, recursive, ext, suffix, name_pattern, existing, report,
                 save_faces, save_comparison, serial, config, build, run, video=None, save_mask=False) -> int:
     """Build the pipeline, run every input with progress, print the summary, write the report; the exit code."""
-    from gpen_tune.pipeline.outputs import check_output_dir
-    from gpen_tune.pipeline.report import summarize, tune_summary, write_report
+    from gpen_tune.pipeline.outputs import check_output_dir  # heavy: cv2 (fast --help)
+    from gpen_tune.pipeline.report import summarize, tune_summary, write_report  # heavy: torch (fast --help)
 
     created = not output.exists()
     t0 = time.perf_counter()

@@ -12,7 +12,7 @@ import os
 import torch
 
 try:
-    import triton
+    import triton  # optional: triton (GPU kernels; absent on CPU installs)
     import triton.language as tl
 except Exception:  # pragma: no cover - depends on the install
     triton = None
