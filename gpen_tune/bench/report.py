@@ -116,7 +116,7 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib  # optional: matplotlib (the plot only)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: matplotlib (the plot only)
 
     rows = [r for r in result["rows"] if r["status"] == "ok"]
     names = [r["label"] for r in rows]

@@ -13,7 +13,7 @@ import torch
 
 try:
     import triton  # optional: triton (GPU kernels; absent on CPU installs)
-    import triton.language as tl
+    import triton.language as tl  # optional: triton
 except Exception:  # pragma: no cover - depends on the install
     triton = None
     tl = None

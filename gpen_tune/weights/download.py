@@ -339,7 +339,7 @@ class _ProgressBar:
             return
         if self._progress is None:
             from rich.console import Console  # heavy: rich progress, only on a terminal download
-            from rich.progress import (
+            from rich.progress import (  # heavy: rich progress, only on a terminal download
                 BarColumn,
                 DownloadColumn,
                 Progress,
