@@ -110,6 +110,7 @@ def bench(
     With --preset or any optimization flag, the table is the fp32 default plus that one configuration ("custom";
     add --rows to measure it next to other rows).
     """
+    # Long for its Typer signature (one annotated parameter per flag); the body itself is short.
     import torch  # heavy: torch (fast --help)
 
     from gpen_tune.bench import BenchSettings, run_bench, write_outputs  # heavy: torch (fast --help)

@@ -173,6 +173,7 @@ def enhance(
     fused: FusedOpt = None,
 ) -> None:
     """Restore every face in photos and videos: detect, align, restore in batches, paste back seamlessly."""
+    # Long for its Typer signature (one annotated parameter per flag); the body only validates and hands over.
     from gpen_tune.model.configs import model_info  # heavy: torch (fast --help)
     from gpen_tune.pipeline.api import Pipeline, VideoOptions  # heavy: torch (fast --help)
     from gpen_tune.pipeline.api import enhance as run_enhance  # heavy: torch (fast --help)

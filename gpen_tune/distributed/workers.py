@@ -141,6 +141,7 @@ def run_processes(lanes: list[Any], specs: list[WorkerSpec], items: list[SourceI
                   on_result: Callable[[ImageJob], None] | None, on_faces: Callable[[int], None] | None
                   ) -> tuple[dict[int, ImageJob], list[int], bool]:
     """Every item over one worker process per lane; (results by index, indices never done, interrupted)."""
+    # One loop owns the workers, the pending heap and the done map; split, the helpers would share that state.
     ctx = mp.get_context("spawn")                  # CUDA cannot be forked
     results = ctx.Queue()
     workers = []
