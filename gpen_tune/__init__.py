@@ -13,6 +13,8 @@ The public API is small and imports torch only when used:
 
 from __future__ import annotations
 
+import importlib
+
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -35,8 +37,6 @@ __all__ = sorted(_LAZY) + ["__version__"]
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
         module, attr = _LAZY[name]
         return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'gpen_tune' has no attribute {name!r}")

@@ -27,6 +27,8 @@ import platform
 import shutil
 import sys
 
+import gpen_tune
+
 NO_GPU_WARNING = "no CUDA GPU found: gpen-tune runs on CPU, which takes seconds per face"
 
 # import name -> (distribution name, why gpen-tune wants it, heavy: importing it pulls in torchvision, ~3 s)
@@ -52,8 +54,6 @@ def diagnose(check_imports: bool = False) -> dict:
     import torchvision, which imports torch._dynamo, ~3 s) only with `check_imports=True`, else their
     "importable" is None (= not checked), so the default report stays quick.
     """
-    import gpen_tune
-
     report: dict = {
         "python": {"version": platform.python_version(), "executable": sys.executable,
                    "platform": platform.platform()},
@@ -77,7 +77,7 @@ def diagnose(check_imports: bool = False) -> dict:
 
 def _torch_section(warnings: list[str]) -> dict:
     try:
-        import torch
+        import torch  # heavy: torch, inside the guard that reports it missing
     except Exception as e:  # a broken torch install must still give a report
         warnings.append(f"torch does not import: {e}")
         return {"torch": {"version": None}, "cuda": {"available": False, "device_count": 0, "bf16": False,
@@ -168,7 +168,7 @@ def _dist_version(dist: str) -> str | None:
 
 
 def _cache_section(warnings: list[str]) -> dict:
-    from gpen_tune.weights.cache import cache_dir
+    from gpen_tune.weights.cache import cache_dir  # heavy: torch (doctor imports light)
 
     root = cache_dir()
     section: dict = {"dir": str(root), "env": os.environ.get("GPEN_TUNE_HOME"), "exists": root.is_dir(),
@@ -176,7 +176,7 @@ def _cache_section(warnings: list[str]) -> dict:
     if not root.is_dir():
         return section
     try:
-        from gpen_tune.weights.pins import PINS_FILE, read_pins
+        from gpen_tune.weights.pins import PINS_FILE, read_pins  # heavy: torch (doctor imports light)
 
         pinned = {k: v.sha256 for k, v in read_pins().items()}
     except Exception as e:

@@ -30,7 +30,9 @@ file; JPEG and WebP are written at quality 95.
 
 from __future__ import annotations
 
+import io
 import os
+import shutil
 import struct
 import tempfile
 import warnings
@@ -188,8 +190,6 @@ def _read_oriented_tiff(path: Path, img: Image.Image, orientation: int) -> tuple
     Why: Pillow applies a TIFF's orientation while loading, and for uncompressed L, RGBA, P and CMYK files with
     orientation 5-8 its pixels come out scrambled (Pillow 13); OpenCV 5 applies it too and fails on 5-8. Reading
     a copy whose IFD0 says orientation 1 gives the stored pixels in every mode, which `_orient` then turns."""
-    import io
-
     data = _tiff_without_orientation(path.read_bytes())
     if data is None:
         raise ImageReadError(f"{path}: cannot read its TIFF orientation entry; convert it to PNG first")
@@ -380,8 +380,6 @@ def write_image(pic: Picture, path: str | Path, fmt: str | None = None) -> Path:
 
 def copy_file(src: str | Path, path: str | Path) -> Path:
     """Byte-for-byte copy through a temp file and os.replace (images no face was pasted into)."""
-    import shutil
-
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
     os.close(fd)
@@ -397,8 +395,6 @@ def copy_file(src: str | Path, path: str | Path) -> Path:
 
 def encode_image(pic: Picture, fmt: str) -> bytes:
     """The encoded file as bytes (used for comparison images and tests)."""
-    import io
-
     buf = io.BytesIO()
     _to_pil(pic, fmt).save(buf, format=fmt, **_save_options(pic, fmt))
     return buf.getvalue()

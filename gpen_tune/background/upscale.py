@@ -21,6 +21,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from gpen_tune.weights.aux_files import ensure_aux_file
+from gpen_tune.weights.cache import WeightsNotFoundError
+
 UPSAMPLERS = ("realesrnet", "realesrgan")
 SCALES = (2, 4)
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -109,9 +112,6 @@ class BackgroundUpscaler:
 
     @staticmethod
     def _weights_path(name: str, weights: str | Path | None, download: bool) -> Path:
-        from gpen_tune.weights.aux_files import ensure_aux_file
-        from gpen_tune.weights.cache import WeightsNotFoundError
-
         if weights is not None:
             path = Path(weights).expanduser()
             if not path.is_file():

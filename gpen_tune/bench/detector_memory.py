@@ -26,12 +26,12 @@ def detector_factory(name: str, device: torch.device, workdir: str | Path | None
                      ) -> tuple[Callable | None, str]:
     """(factory building the detector, its name) or (None, the reason it cannot be built). Builds it once to check."""
     try:
-        from gpen_tune.face.detect import init_detector
+        from gpen_tune.face.detect import init_detector  # optional: the pipeline part (gpen_tune.face)
     except ImportError as e:
         return None, f"needs the pipeline part (gpen_tune.face): {e}"
     try:
         if name == SYNTHETIC_RETINAFACE:
-            from facexlib.detection.retinaface import RetinaFace
+            from facexlib.detection.retinaface import RetinaFace  # optional: facexlib
 
             net = RetinaFace(network_name="resnet50", half=False, device="cpu")
             path = Path(workdir or tempfile.mkdtemp(prefix="gpen-tune-bench-")) / "retinaface_r50_synthetic.pth"
@@ -51,7 +51,7 @@ def detector_factory(name: str, device: torch.device, workdir: str | Path | None
 
 
 def photo():
-    from gpen_tune.face.samples import mosaic
+    from gpen_tune.face.samples import mosaic  # optional: the pipeline part (gpen_tune.face)
 
     return mosaic()
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 
@@ -16,8 +17,6 @@ class InputError(ValueError):
 
 def crops_from_folder(folder: str | Path, size: int, limit: int | None = None) -> np.ndarray:
     """Every image in `folder` (sorted by name), RGB, resized to size x size: [N,S,S,3] uint8."""
-    from PIL import Image
-
     folder = Path(folder)
     if not folder.is_dir():
         raise InputError(f"{folder}: not a folder; pass --inputs DIR with aligned face crops (PNG/JPEG)")
@@ -41,7 +40,7 @@ def crops_from_folder(folder: str | Path, size: int, limit: int | None = None) -
 def bundled_crops(size: int, limit: int | None = None) -> np.ndarray:
     """Faces detected in the bundled real photos (gpen_tune.face.samples, the pipeline part)."""
     try:
-        from gpen_tune.face.samples import aligned_face_crops
+        from gpen_tune.face.samples import aligned_face_crops  # optional: the pipeline part and its offline detector
 
         return aligned_face_crops(size, n=limit)
     except Exception as e:  # the pipeline part or its offline detector (facenet-pytorch) missing

@@ -113,10 +113,10 @@ def markdown_table(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> None:
     """Three panels per measured row: ms/face at bs1, best faces/s, peak allocated MiB at the best batch."""
-    import matplotlib
+    import matplotlib  # optional: matplotlib (the plot only)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: matplotlib (the plot only)
 
     rows = [r for r in result["rows"] if r["status"] == "ok"]
     names = [r["label"] for r in rows]

@@ -33,6 +33,7 @@ from gpen_tune.bench import detector_memory
 from gpen_tune.bench.inputs import load_faces
 from gpen_tune.bench.measure import MiB, max_abs, peaks, psnr, reset_memory, reset_peak, summary, time_calls, timed_once
 from gpen_tune.bench.rows import Row, select_rows
+from gpen_tune.load import load_model
 from gpen_tune.model.configs import MODELS, GPENConfig
 from gpen_tune.restore.restorer import build_restorer
 from gpen_tune.tune import amp
@@ -163,8 +164,6 @@ def _run_bench(s: BenchSettings, log: Callable[[str], None], on_progress: Callab
         rows = select_rows(s.rows, s.compile_mode, s.amp)
     if s.custom is not None:
         rows.append(Row("custom", s.custom_label, tuple(s.custom.enabled()), s.custom))
-
-    from gpen_tune.load import load_model
 
     base = load_model(s.weights, model=model_arg, device="cpu")
     faces, source = load_faces(s.inputs, gcfg.size, s.max_faces)

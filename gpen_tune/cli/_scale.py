@@ -10,7 +10,7 @@ from typing import Any
 
 def device_pool_builder(spec: str) -> Callable[..., Any]:
     """`build(settings, tune, notify=...)` for run_command: one pipeline per device of `spec` ("all", "0,1,3")."""
-    from gpen_tune.distributed.devices import DevicePool, parse_devices
+    from gpen_tune.distributed.devices import DevicePool, parse_devices  # heavy: torch (fast --help)
 
     devices = parse_devices(spec)
 
@@ -38,7 +38,7 @@ class RayRun:
 
 def ray_runner(output: str, address: str | None, gpus_per_actor: float) -> Callable[..., Any]:
     """`run(...)` for run_command: `ray_enhance` with the command's choices (`output` as typed: a URL stays one)."""
-    from gpen_tune.distributed.ray_data import RayOptions, ray_enhance
+    from gpen_tune.distributed.ray_data import RayOptions, ray_enhance  # optional: ray (the [ray] extra)
 
     def run(names, _output, settings, tune, *, pipeline, recursive, ext, suffix, name_pattern, existing,
             save_faces, save_comparison, serial, config, on_result, on_faces, on_start, video, notify) -> Any:

@@ -23,6 +23,8 @@ from gpen_tune.cli._options import (
     PresetOpt,
     tune_config_from_options,
 )
+from gpen_tune.tune import TuneConfig
+from gpen_tune.tune.options import cli_flags
 
 EXAMPLES = """
 Examples:\n
@@ -108,12 +110,11 @@ def bench(
     With --preset or any optimization flag, the table is the fp32 default plus that one configuration ("custom";
     add --rows to measure it next to other rows).
     """
-    import torch
+    # Long for its Typer signature (one annotated parameter per flag); the body itself is short.
+    import torch  # heavy: torch (fast --help)
 
-    from gpen_tune.bench import BenchSettings, run_bench, write_outputs
-    from gpen_tune.bench.inputs import InputError
-    from gpen_tune.tune import TuneConfig
-    from gpen_tune.tune.options import cli_flags
+    from gpen_tune.bench import BenchSettings, run_bench, write_outputs  # heavy: torch (fast --help)
+    from gpen_tune.bench.inputs import InputError  # heavy: torch (fast --help)
 
     if output.exists() and not output.is_dir():
         raise fail(f"{output}: exists and is not a folder; pass -o/--output with a folder for the results")
@@ -153,7 +154,7 @@ def bench(
     except (InputError, ValueError, RuntimeError, FileNotFoundError) as e:
         raise fail(str(e)) from None
     paths = write_outputs(result, output)
-    from gpen_tune.bench.report import markdown_table
+    from gpen_tune.bench.report import markdown_table  # heavy: torch (fast --help)
 
     out.print(markdown_table(result), highlight=False, soft_wrap=True)
     out.print(f"wrote {paths['json']}, {paths['md']}, {paths['png']}", highlight=False)

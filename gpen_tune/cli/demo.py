@@ -19,9 +19,9 @@ from gpen_tune.cli._options import Preset, tune_config_from_options
 
 def write_bundled_photos(folder: Path) -> list[Path]:
     """The bundled real photos as files (PNG), so the demo exercises decode/encode like a user's run."""
-    from PIL import Image
+    from PIL import Image  # heavy: PIL (fast --help)
 
-    from gpen_tune.face import samples
+    from gpen_tune.face import samples  # heavy: cv2 (fast --help)
 
     folder.mkdir(parents=True, exist_ok=True)
     photos = {"astronaut": samples.astronaut(), "grace_hopper": samples.grace_hopper(), "mosaic": samples.mosaic()}
@@ -38,7 +38,7 @@ def write_bundled_photos(folder: Path) -> list[Path]:
 
 def official_weights_or_synthetic(model: str) -> str:
     """The cached (or freshly downloaded) official file; synthetic when neither works (a loud notice)."""
-    from gpen_tune.weights.registry import ensure_weights
+    from gpen_tune.weights.registry import ensure_weights  # heavy: torch (fast --help)
 
     try:
         return str(ensure_weights(model, download=True, timeout=10.0, retries=1))
@@ -61,11 +61,11 @@ def demo(
                                            "picks from free GPU memory.", case_sensitive=False)] = Preset.auto,
 ) -> None:
     """Restore the faces of bundled real photos and print the per-stage timings (works offline)."""
-    from gpen_tune.cli.enhance import run_command
-    from gpen_tune.model.configs import model_info
-    from gpen_tune.pipeline.api import Pipeline, enhance
-    from gpen_tune.pipeline.scheduler import SchedulerConfig
-    from gpen_tune.pipeline.settings import EnhanceSettings, resolve_device
+    from gpen_tune.cli.enhance import run_command  # heavy: torch (fast --help)
+    from gpen_tune.model.configs import model_info  # heavy: torch (fast --help)
+    from gpen_tune.pipeline.api import Pipeline, enhance  # heavy: torch (fast --help)
+    from gpen_tune.pipeline.scheduler import SchedulerConfig  # heavy: torch (fast --help)
+    from gpen_tune.pipeline.settings import EnhanceSettings, resolve_device  # heavy: torch (fast --help)
 
     try:                                  # arguments first: an unknown model fails before any notice
         model_info(model)

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from gpen_tune.cli import app
 from gpen_tune.cli._console import err, out
+from gpen_tune.doctor import diagnose
 
 
 def _yes(v: object) -> str:
@@ -30,8 +31,6 @@ def doctor(
                                           "work (slower: they pull in torchvision).")] = False,
 ) -> None:
     """Check this machine: Python/torch/CUDA versions, GPUs and free memory, compile support, optional parts, cache."""
-    from gpen_tune.doctor import diagnose
-
     r = diagnose(check_imports=imports)
     if as_json:
         out.print_json(json.dumps(r))

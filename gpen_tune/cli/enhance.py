@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from gpen_tune import __version__
 from gpen_tune.cli import app
 from gpen_tune.cli._console import err, fail, failure, notice, out, user_errors
 from gpen_tune.cli._options import (
@@ -171,13 +173,18 @@ def enhance(
     fused: FusedOpt = None,
 ) -> None:
     """Restore every face in photos and videos: detect, align, restore in batches, paste back seamlessly."""
-    from gpen_tune.model.configs import model_info
-    from gpen_tune.pipeline.api import Pipeline, VideoOptions
-    from gpen_tune.pipeline.api import enhance as run_enhance
-    from gpen_tune.pipeline.outputs import check_ext, check_pattern
-    from gpen_tune.pipeline.report import check_report_path
-    from gpen_tune.pipeline.scheduler import SchedulerConfig
-    from gpen_tune.pipeline.settings import EnhanceSettings, detection_size, resolve_device
+    # Long for its Typer signature (one annotated parameter per flag); the body only validates and hands over.
+    from gpen_tune.model.configs import model_info  # heavy: torch (fast --help)
+    from gpen_tune.pipeline.api import Pipeline, VideoOptions  # heavy: torch (fast --help)
+    from gpen_tune.pipeline.api import enhance as run_enhance  # heavy: torch (fast --help)
+    from gpen_tune.pipeline.outputs import check_ext, check_pattern  # heavy: cv2 (fast --help)
+    from gpen_tune.pipeline.report import check_report_path  # heavy: torch (fast --help)
+    from gpen_tune.pipeline.scheduler import SchedulerConfig  # heavy: torch (fast --help)
+    from gpen_tune.pipeline.settings import (  # heavy: torch (fast --help)
+        EnhanceSettings,
+        detection_size,
+        resolve_device,
+    )
 
     names = list(inputs or []) + list(input_ or [])
     if not names:
@@ -189,7 +196,7 @@ def enhance(
     build, run = Pipeline, run_enhance
     if ray or ray_address is not None:
 
-        from gpen_tune.distributed.ray_data import RayMissing, import_ray
+        from gpen_tune.distributed.ray_data import RayMissing, import_ray  # optional: ray (the [ray] extra)
 
         try:
             import_ray()
@@ -203,7 +210,7 @@ def enhance(
             check_report_path(report)
         scale_to_ray = ray or ray_address is not None
         if scale_to_ray and device.value != "cpu":       # the restore actors' device (GPUs of the cluster)
-            import torch
+            import torch  # heavy: torch (fast --help)
 
             dev = torch.device("cuda")
         else:
@@ -222,11 +229,11 @@ def enhance(
             raise ValueError("--detector-process runs the detector in its own process, which --lazy-detector "
                              "cannot release: choose one")
         if devices is not None:
-            from gpen_tune.cli._scale import device_pool_builder
+            from gpen_tune.cli._scale import device_pool_builder  # heavy: torch (fast --help)
 
             build = device_pool_builder(devices)
         if scale_to_ray:
-            from gpen_tune.cli._scale import RayRun, ray_runner
+            from gpen_tune.cli._scale import RayRun, ray_runner  # optional: ray (the [ray] extra)
 
             build, run = RayRun, ray_runner(output, ray_address, 0 if dev.type == "cpu" else 1)
     except user_errors() as e:
@@ -244,8 +251,8 @@ def enhance(
 def run_command(names, output: Path, settings, tune, *, recursive, ext, suffix, name_pattern, existing, report,
                 save_faces, save_comparison, serial, config, build, run, video=None, save_mask=False) -> int:
     """Build the pipeline, run every input with progress, print the summary, write the report; the exit code."""
-    from gpen_tune.pipeline.outputs import check_output_dir
-    from gpen_tune.pipeline.report import summarize, tune_summary, write_report
+    from gpen_tune.pipeline.outputs import check_output_dir  # heavy: cv2 (fast --help)
+    from gpen_tune.pipeline.report import summarize, tune_summary, write_report  # heavy: torch (fast --help)
 
     created = not output.exists()
     t0 = time.perf_counter()
@@ -280,10 +287,6 @@ def run_command(names, output: Path, settings, tune, *, recursive, ext, suffix, 
         out.print(f"device {lane['device']}: {lane['images']} images, {lane['faces']} faces, "
                   f"{lane['faces_per_s'] or 0:.2f} faces/s{lost}", highlight=False, soft_wrap=True)
     if report is not None:
-        from dataclasses import asdict
-
-        from gpen_tune import __version__
-
         data = {"gpen_tune": __version__, "settings": asdict(settings), "device": str(pipe.device),
                 "weights": pipe.weights_source, "detector": detector_name, "tune": summary["tune"],
                 "summary": summary, "images": [j.report() for j in result.jobs]}

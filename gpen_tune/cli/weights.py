@@ -14,6 +14,7 @@ from rich.table import Table
 
 from gpen_tune.cli import app
 from gpen_tune.cli._console import err, fail, notice, out
+from gpen_tune.weights.download import DownloadError
 
 weights_app = typer.Typer(
     name="weights",
@@ -29,9 +30,12 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 @contextmanager
 def _errors() -> Iterator[None]:
     """Known failures become one line on stderr and exit code 1."""
-    from gpen_tune.weights.checkpoint import CheckpointError
-    from gpen_tune.weights.download import DownloadError
-    from gpen_tune.weights.registry import WeightsDownloadError, WeightsMismatchError, WeightsNotFoundError
+    from gpen_tune.weights.checkpoint import CheckpointError  # heavy: torch (fast --help)
+    from gpen_tune.weights.registry import (  # heavy: torch (fast --help)
+        WeightsDownloadError,
+        WeightsMismatchError,
+        WeightsNotFoundError,
+    )
 
     try:
         yield
@@ -49,8 +53,8 @@ def _mb(n: int | None) -> str:
 @weights_app.command("list")
 def list_cmd(as_json: JsonOpt = False) -> None:
     """Show every known model: file, config, task, source, licence, cached or not, pinned sha256."""
-    from gpen_tune.weights.cache import cache_dir
-    from gpen_tune.weights.registry import list_weights
+    from gpen_tune.weights.cache import cache_dir  # heavy: torch (fast --help)
+    from gpen_tune.weights.registry import list_weights  # heavy: torch (fast --help)
 
     with _errors():
         rows = list_weights()
@@ -92,7 +96,7 @@ def download_cmd(
     retries: Annotated[int, typer.Option("--retries", min=0, help="Retries on transient errors.")] = 3,
 ) -> None:
     """Fetch NAME into the cache (verified: safe load, keys, shapes; sha256 pinned on first download)."""
-    from gpen_tune.weights.registry import ensure_weights, import_weights
+    from gpen_tune.weights.registry import ensure_weights, import_weights  # heavy: torch (fast --help)
 
     if file is not None and url is not None:
         raise fail("--file and --url exclude each other: pass one source")
@@ -102,8 +106,8 @@ def download_cmd(
         else:
             path = ensure_weights(name, sha256=sha256, download=True, url=url, progress=progress, timeout=timeout,
                                   retries=retries)
-    from gpen_tune.model.configs import model_info
-    from gpen_tune.weights.pins import get_pin
+    from gpen_tune.model.configs import model_info  # heavy: torch (fast --help)
+    from gpen_tune.weights.pins import get_pin  # heavy: torch (fast --help)
 
     pin = get_pin(model_info(name).filename)
     out.print(str(path), highlight=False, soft_wrap=True, markup=False)
@@ -120,7 +124,7 @@ def verify_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Check a weights file: loads with weights_only=True, every key and shape matches; print model, sha256, params."""
-    from gpen_tune.weights.registry import verify_file
+    from gpen_tune.weights.registry import verify_file  # heavy: torch (fast --help)
 
     with _errors():
         v = verify_file(path, model=model, sha256=sha256)
@@ -144,8 +148,8 @@ def verify_cmd(
 @weights_app.command("path")
 def path_cmd(name: Annotated[str | None, typer.Argument(help="Registry name; omit for the cache dir.")] = None) -> None:
     """Print the cache dir, or where NAME's file is (or goes): handy as $(gpen-tune weights path GPEN-BFR-512)."""
-    from gpen_tune.model.configs import model_info
-    from gpen_tune.weights.cache import cache_dir, cached_file
+    from gpen_tune.model.configs import model_info  # heavy: torch (fast --help)
+    from gpen_tune.weights.cache import cache_dir, cached_file  # heavy: torch (fast --help)
 
     if name is None:
         out.print(str(cache_dir()), highlight=False, soft_wrap=True, markup=False)

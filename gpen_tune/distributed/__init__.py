@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 _LAZY = {
     "DevicePool": "devices", "parse_devices": "devices", "is_device_failure": "devices",
     "ray_enhance": "ray_data", "RayOptions": "ray_data",
@@ -13,7 +15,5 @@ __all__ = sorted(_LAZY)
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(f"gpen_tune.distributed.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'gpen_tune.distributed' has no attribute {name!r}")

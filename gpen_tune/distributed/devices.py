@@ -47,6 +47,7 @@ from gpen_tune.distributed.lanes import (
     is_device_failure,
     on_device,
 )
+from gpen_tune.distributed.workers import WorkerSpec, run_processes
 from gpen_tune.face.detect import default_notify
 from gpen_tune.pipeline.api import Pipeline
 from gpen_tune.pipeline.job import ImageJob
@@ -54,6 +55,7 @@ from gpen_tune.pipeline.scheduler import RunSummary, SchedulerConfig, dropped
 from gpen_tune.pipeline.settings import EnhanceSettings, resolve_weights
 from gpen_tune.pipeline.sinks import FileSink, Sink
 from gpen_tune.pipeline.sources import FileSource, Source, SourceItem
+from gpen_tune.pipeline.stages import one_line
 from gpen_tune.restore import Restorer
 from gpen_tune.tune.options import TuneConfig
 
@@ -172,8 +174,6 @@ class _Reorder:
                     try:
                         self.sink.write(keep)
                     except (OSError, ValueError, RuntimeError) as e:
-                        from gpen_tune.pipeline.stages import one_line
-
                         keep.fail(one_line(keep.source, e))
                     keep.release()
                 with self.shared.cond:
@@ -352,8 +352,6 @@ class DevicePool:
     def _run_processes(self, live: list[Lane], items: list[SourceItem], sink: FileSink, serial: bool,
                        config: SchedulerConfig, on_result, on_faces, save_faces: bool, t0: float) -> RunSummary:
         """Photo files over one worker process per device (workers.py); results in source order."""
-        from gpen_tune.distributed.workers import WorkerSpec, run_processes
-
         factory = dict(zip(map(id, self.lanes), self.restorer_factories or [None] * len(self.lanes), strict=True))
         specs = [WorkerSpec(self._lane_settings(lane.name), self.tune, lane.name, sink.naming, save_faces,
                             sink.save_comparison, serial, config, factory[id(lane)]) for lane in live]

@@ -35,13 +35,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-from gpen_tune.face.detect import Detection, default_notify
-from gpen_tune.pipeline.api import EnhanceResult
+from gpen_tune.face.detect import Detection, default_notify, init_detector
+from gpen_tune.face.parse import FaceParser
+from gpen_tune.imageio import ImageReadError, read_image
+from gpen_tune.model.configs import model_info
+from gpen_tune.pipeline.api import EnhanceResult, Pipeline
 from gpen_tune.pipeline.job import FaceCrop, ImageJob
 from gpen_tune.pipeline.outputs import OutputNaming, check_output_dir, collect_inputs, is_video, plan_outputs
 from gpen_tune.pipeline.scheduler import RunSummary
 from gpen_tune.pipeline.settings import EnhanceSettings, resolve_weights
+from gpen_tune.pipeline.sinks import FileSink
+from gpen_tune.pipeline.stages import Stages, one_line
 from gpen_tune.tune.options import TuneConfig
 
 RAY_MISSING = "--ray needs Ray: pip install 'gpen-tune[ray]'"
@@ -103,12 +109,6 @@ class Prepare:
     """CPU actor: decode, detect (an inline detector of its own), align and cut every face on the host."""
 
     def __init__(self, settings: EnhanceSettings, tune: TuneConfig):
-        import torch
-
-        from gpen_tune.face.detect import init_detector
-        from gpen_tune.model.configs import model_info
-        from gpen_tune.pipeline.stages import Stages
-
         cpu = torch.device("cpu")
         detector = None if settings.aligned else init_detector(
             settings.detector, device=cpu, weights=settings.detector_weights, threshold=settings.det_threshold,
@@ -135,8 +135,6 @@ class Restore:
     """GPU actor: the generator behind its switches (`Pipeline`'s restorer), all faces of a batch of images."""
 
     def __init__(self, settings: EnhanceSettings, tune: TuneConfig):
-        from gpen_tune.pipeline.api import Pipeline
-
         self.pipeline = Pipeline(settings, tune, notify=lambda _msg: None)
         self.restorer = self.pipeline.restorer
 
@@ -151,7 +149,6 @@ class Restore:
         except (RuntimeError, ValueError) as e:
             restored, failure = [], e
         share = (time.perf_counter() - t) / max(1, len(crops))
-        from gpen_tune.pipeline.stages import one_line
 
         for row, pack in zip(rows, packs, strict=True):
             if row["status"] == "error" or not pack["crops"]:
@@ -172,17 +169,9 @@ class Finish:
 
     def __init__(self, settings: EnhanceSettings, tune: TuneConfig, naming: OutputNaming, remote: str | None,
                  save_faces: bool, save_comparison: bool):
-        import torch
-
-        from gpen_tune.model.configs import model_info
-        from gpen_tune.pipeline.sinks import FileSink
-        from gpen_tune.pipeline.stages import Stages
-
         cpu = torch.device("cpu")
         parser = None
         if settings.parse_mask and not settings.aligned and settings.strength > 0:
-            from gpen_tune.face.parse import FaceParser
-
             parser = FaceParser(cpu, settings.parse_weights)
         self.stages = Stages(settings, model_info(settings.model).config.size, cpu, None, parser,
                              face_crop=tune.face_crop, cut_on_device=False, save_faces=save_faces)
@@ -192,9 +181,6 @@ class Finish:
         self.sink = FileSink(local, save_faces, save_comparison)
 
     def __call__(self, batch: Any) -> Any:
-        from gpen_tune.imageio import ImageReadError, read_image
-        from gpen_tune.pipeline.stages import one_line
-
         rows = batch.to_pylist()
         for row in rows:
             pack = pickle.loads(row.pop("faces"))

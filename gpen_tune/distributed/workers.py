@@ -23,11 +23,14 @@ from typing import Any
 
 import numpy as np
 
+from gpen_tune.distributed.lanes import GuardedRestorer, build_lane_restorer, is_device_failure
 from gpen_tune.face.detect import Detection
+from gpen_tune.pipeline.api import Pipeline
 from gpen_tune.pipeline.job import FaceCrop, ImageJob
 from gpen_tune.pipeline.outputs import OutputNaming
 from gpen_tune.pipeline.scheduler import SchedulerConfig
 from gpen_tune.pipeline.settings import EnhanceSettings
+from gpen_tune.pipeline.sinks import FileSink
 from gpen_tune.pipeline.sources import SourceItem
 from gpen_tune.tune.options import TuneConfig
 
@@ -74,9 +77,6 @@ def _worker_main(spec: WorkerSpec, tasks: Any, results: Any, wid: int) -> None:
     if device.startswith("cuda"):
         os.environ["CUDA_VISIBLE_DEVICES"] = device.split(":")[1] if ":" in device else "0"
         device = "cuda:0"                          # read at CUDA's start, which comes after this line
-    from gpen_tune.distributed.lanes import GuardedRestorer, build_lane_restorer, is_device_failure
-    from gpen_tune.pipeline.api import Pipeline
-    from gpen_tune.pipeline.sinks import FileSink
 
     try:
         settings = replace(spec.settings, device=device)
@@ -141,6 +141,7 @@ def run_processes(lanes: list[Any], specs: list[WorkerSpec], items: list[SourceI
                   on_result: Callable[[ImageJob], None] | None, on_faces: Callable[[int], None] | None
                   ) -> tuple[dict[int, ImageJob], list[int], bool]:
     """Every item over one worker process per lane; (results by index, indices never done, interrupted)."""
+    # One loop owns the workers, the pending heap and the done map; split, the helpers would share that state.
     ctx = mp.get_context("spawn")                  # CUDA cannot be forked
     results = ctx.Queue()
     workers = []

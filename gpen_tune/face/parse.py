@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from gpen_tune.face.paste import feather_params, feather_sigma
+from gpen_tune.weights.aux_files import cached_aux, ensure_aux_file
+from gpen_tune.weights.cache import WeightsNotFoundError
 
 PARSE_SIZE = 512
 DROPPED_CLASSES = (0, 14, 18)        # background, hat, cloth
@@ -37,9 +39,6 @@ class ParseMaskError(ValueError):
 def parse_weights_file(weights: str | Path | None = None, download: bool = True) -> Path:
     """The parser's weights: `weights` (a path) as given, else a cached registry file, else one downloaded
     through `gpen_tune.weights.aux_files` (sha256-pinned). Raises ParseMaskError."""
-    from gpen_tune.weights.aux_files import cached_aux, ensure_aux_file
-    from gpen_tune.weights.cache import WeightsNotFoundError
-
     if weights is not None:
         path = Path(weights).expanduser()
         if not path.is_file():

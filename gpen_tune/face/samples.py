@@ -21,7 +21,7 @@ MOSAIC_MAX_ROTATION = 12.0          # degrees
 
 @lru_cache(maxsize=1)
 def _astronaut() -> np.ndarray:
-    from skimage import data
+    from skimage import data  # optional: scikit-image (sample photo source)
 
     img = np.ascontiguousarray(data.astronaut()[..., :3])
     img.setflags(write=False)
@@ -30,8 +30,8 @@ def _astronaut() -> np.ndarray:
 
 @lru_cache(maxsize=1)
 def _grace_hopper() -> np.ndarray:
-    from matplotlib import cbook
-    from PIL import Image
+    from matplotlib import cbook  # optional: matplotlib (sample photo source)
+    from PIL import Image  # heavy: PIL, only when the photo is first asked for
 
     with Image.open(cbook.get_sample_data("grace_hopper.jpg")) as im:
         img = np.asarray(im.convert("RGB")).copy()
@@ -84,7 +84,7 @@ def mosaic(n_faces: int = 6, seed: int = 0) -> np.ndarray:
 @lru_cache(maxsize=1)
 def _sample_landmarks() -> tuple[tuple[np.ndarray, np.ndarray], ...]:
     """(image, landmarks [5, 2]) of every face the offline detector finds in the bundled photos."""
-    from gpen_tune.face.detect import init_detector
+    from gpen_tune.face.detect import init_detector  # heavy: torch (samples stays light to import)
 
     images = [_astronaut(), _grace_hopper(), mosaic(6, 0)]
     det = init_detector("mtcnn", device="cpu")
@@ -97,7 +97,7 @@ def _sample_landmarks() -> tuple[tuple[np.ndarray, np.ndarray], ...]:
 
 def aligned_face_crops(size: int, n: int | None = None) -> np.ndarray:
     """[N, S, S, 3] uint8 RGB real faces aligned to GPEN's template; `n` repeats or truncates the set."""
-    from gpen_tune.face.align import alignment, warp_crop
+    from gpen_tune.face.align import alignment, warp_crop  # heavy: torch (samples stays light to import)
 
     crops = []
     for img, lms in _sample_landmarks():

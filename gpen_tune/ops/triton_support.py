@@ -12,8 +12,8 @@ import os
 import torch
 
 try:
-    import triton
-    import triton.language as tl
+    import triton  # optional: triton (GPU kernels; absent on CPU installs)
+    import triton.language as tl  # optional: triton
 except Exception:  # pragma: no cover - depends on the install
     triton = None
     tl = None

@@ -30,7 +30,7 @@ def checkout_lock(root: Path, *, exclusive: bool, wait_s: float = 600.0,
                   notify: Callable[[str], None] | None = None) -> Iterator[None]:
     """Hold the checkout's lock (root from `real_root`). Raises PatchError when it is still busy after `wait_s`."""
     try:
-        import fcntl
+        import fcntl  # optional: fcntl (POSIX only)
     except ImportError:  # Windows: no flock; the plan's own sha256 checks still refuse a changed tree
         yield
         return

@@ -20,6 +20,8 @@ To plug in a new input or output, write a Source (iterable of `SourceItem(name, 
 
 from __future__ import annotations
 
+import importlib
+
 _LAZY = {
     "Pipeline": "api", "enhance": "api", "enhance_image": "api", "EnhanceResult": "api",
     "EnhanceSettings": "settings", "SchedulerConfig": "scheduler", "RunSummary": "scheduler",
@@ -32,7 +34,5 @@ __all__ = sorted(_LAZY)
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(f"gpen_tune.pipeline.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'gpen_tune.pipeline' has no attribute {name!r}")

@@ -21,6 +21,7 @@ import torch
 from gpen_tune.face.detect import BatchingDetector, default_notify, init_detector, serve
 from gpen_tune.face.parse import load_parser
 from gpen_tune.imageio import ImageReadError, Picture
+from gpen_tune.load import load_model
 from gpen_tune.pipeline.job import ImageJob
 from gpen_tune.pipeline.outputs import OutputNaming, check_output_dir, collect_inputs, is_video, plan_outputs
 from gpen_tune.pipeline.scheduler import RunSummary, SchedulerConfig, run_serial
@@ -60,8 +61,6 @@ class Pipeline:
             device = (next(model.parameters()).device if model is not None
                       else resolve_device(self.settings.device, notify))
             if model is None:
-                from gpen_tune.load import load_model
-
                 model = load_model(resolve_weights(self.settings, notify), model=self.settings.model, device=device)
             batch = self.settings.batch_size or default_batch_size(device, low_memory=self.tune.act_checkpoint)
             restorer = build_restorer(model, self.tune, device=device, max_batch=batch)
@@ -293,9 +292,9 @@ def _run_video(pipe: Pipeline, index: int, file: tuple[Path, str], naming: Outpu
                options: VideoOptions | None, config: SchedulerConfig, on_result, on_faces, notify
                ) -> tuple[ImageJob, bool]:
     """One video as one job of the run's results (its frames' own jobs stay inside); (job, interrupted)."""
-    from gpen_tune.video.reader import VideoReadError
-    from gpen_tune.video.stream import enhance_video
-    from gpen_tune.video.writer import VideoWriteError
+    from gpen_tune.video.reader import VideoReadError  # heavy: av (PyAV), only when a video is among the inputs
+    from gpen_tune.video.stream import enhance_video  # heavy: av (PyAV), only when a video is among the inputs
+    from gpen_tune.video.writer import VideoWriteError  # heavy: av (PyAV), only when a video is among the inputs
 
     options = options or VideoOptions()
     path, stem = file

@@ -305,6 +305,7 @@ class _Run:
                 self._put(self.ready_q, _DONE)
 
     def _gpu_stage(self) -> None:
+        # One loop owns the batch in flight and the pending faces; split, it would share that state across functions.
         pending: list[tuple[_JobState, int]] = []    # faces waiting for a batch, arrival order
         inflight: tuple[Any, list[tuple[_JobState, int]]] | None = None
         producers = 1 if self.sequenced else self.prepare_workers

@@ -10,6 +10,8 @@ Imports torch only when used.
 
 from __future__ import annotations
 
+import importlib
+
 _LAZY = {
     "Restorer": ("gpen_tune.restore.restorer", "Restorer"),
     "build_restorer": ("gpen_tune.restore.restorer", "build_restorer"),
@@ -24,8 +26,6 @@ __all__ = sorted(_LAZY)
 
 def __getattr__(name: str):
     if name in _LAZY:
-        import importlib
-
         module, attr = _LAZY[name]
         return getattr(importlib.import_module(module), attr)
     raise AttributeError(f"module 'gpen_tune.restore' has no attribute {name!r}")

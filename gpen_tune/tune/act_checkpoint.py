@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from gpen_tune.model.layers import StyledConv
 from gpen_tune.tune.options import TuneConfig
@@ -63,8 +64,6 @@ def checkpointed_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
     Only meaningful when `torch.is_grad_enabled()`; at inference use `apply` (release_features) instead.
     """
-    from torch.utils.checkpoint import checkpoint
-
     if not torch.is_grad_enabled():
         return model(x)
     saved = model.release_features

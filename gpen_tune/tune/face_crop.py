@@ -15,6 +15,7 @@ Fallback: none needed (plain image arithmetic).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
@@ -47,7 +48,6 @@ def apply(settings: Any, cfg: TuneConfig) -> Any:
         return dataclasses.replace(settings, **values)
     if isinstance(settings, dict):
         return {**settings, **values}
-    import copy
 
     settings = copy.copy(settings)
     for key, value in values.items():

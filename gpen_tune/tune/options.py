@@ -189,7 +189,7 @@ def choose_preset(free_bytes: int | None, total_bytes: int | None,
 
 def device_memory(device) -> tuple[int | None, int | None]:
     """(free, total) bytes of a CUDA device from torch.cuda.mem_get_info (what other processes use counts too)."""
-    import torch
+    import torch  # heavy: torch (tune.options stays light for the CLI)
 
     device = torch.device(device)
     if device.type != "cuda" or not torch.cuda.is_available():

@@ -36,7 +36,7 @@ def is_supported(device: str | torch.device, cfg: TuneConfig | None = None) -> s
         return None
     if device.type == "cuda":
         try:
-            from torch.utils._triton import has_triton
+            from torch.utils._triton import has_triton  # optional: triton probe (private torch path, may be missing)
         except ImportError:  # pragma: no cover - very old torch
             return "torch.compile on CUDA needs Triton"
         if not has_triton():

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 
 from gpen_tune.model.configs import MODELS, GPENConfig, ModelInfo
+from gpen_tune.model.gpen import FullGenerator
+from gpen_tune.ops.fir import make_kernel
 from gpen_tune.weights.integrity import check_pinned
 
 
@@ -27,8 +29,6 @@ class CheckpointError(ValueError):
 def expected_shapes(cfg: GPENConfig) -> dict[str, tuple[int, ...]]:
     """Key -> shape of the official state dict for `cfg`, derived from our module tree (built on 'meta'; cached,
     since building the tree is not free). Callers must not modify the returned dict."""
-    from gpen_tune.model.gpen import FullGenerator
-
     with torch.device("meta"):
         model = FullGenerator(cfg)
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
@@ -267,8 +267,6 @@ def synthetic_state_dict(cfg: GPENConfig, seed: int = 0) -> dict[str, torch.Tens
     The encoder-feature scalars (`noise.weight`, zero at init upstream) are set to 0.5 so that the output depends
     on the input face as it does with trained weights.
     """
-    from gpen_tune.model.gpen import FullGenerator
-
     gen = torch.Generator().manual_seed(seed)
     with torch.device("meta"):
         model = FullGenerator(cfg)
@@ -293,8 +291,6 @@ def synthetic_state_dict(cfg: GPENConfig, seed: int = 0) -> dict[str, torch.Tens
 
 def fir_buffers(cfg: GPENConfig) -> dict[str, torch.Tensor]:
     """The fixed 4x4 FIR buffers saved in the checkpoints: K for the encoder blurs, 4K for the 2x upsamplers."""
-    from gpen_tune.ops.fir import make_kernel
-
     k = make_kernel(cfg.blur_kernel)
     return {name: (k.clone() if name.startswith("ecd") else k * 4)
             for name in expected_shapes(cfg) if name.endswith("kernel")}

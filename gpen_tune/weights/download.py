@@ -206,7 +206,7 @@ def _folder_lock(folder: Path) -> Iterator[None]:
     """Serialise downloads into one folder across processes (flock on the folder; a no-op where unsupported),
     so two runs fetching the same weights never write into the same `.part` at once."""
     try:
-        import fcntl
+        import fcntl  # optional: fcntl (POSIX only)
     except ImportError:  # Windows: no flock
         yield
         return
@@ -338,8 +338,8 @@ class _ProgressBar:
         if not self.enabled:
             return
         if self._progress is None:
-            from rich.console import Console
-            from rich.progress import (
+            from rich.console import Console  # heavy: rich progress, only on a terminal download
+            from rich.progress import (  # heavy: rich progress, only on a terminal download
                 BarColumn,
                 DownloadColumn,
                 Progress,
