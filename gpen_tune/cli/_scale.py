@@ -41,7 +41,8 @@ def ray_runner(output: str, address: str | None, gpus_per_actor: float) -> Calla
     from gpen_tune.distributed.ray_data import RayOptions, ray_enhance  # optional: ray (the [ray] extra)
 
     def run(names, _output, settings, tune, *, pipeline, recursive, ext, suffix, name_pattern, existing,
-            save_faces, save_comparison, serial, config, on_result, on_faces, on_start, video, notify) -> Any:
+            save_faces, save_comparison, serial, config, on_result, on_faces, on_start, video, notify,
+            save_mask=False) -> Any:
         def done(job: Any) -> None:                  # faces are known per image once it is written
             if job.status == "ok":
                 on_faces(job.face_count)

@@ -243,7 +243,7 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
         on_start(len(photos) + sum(_expected_frames(found.files[i][0]) for i in videos))
     own = pipeline is None
     pipe = pipeline or Pipeline(settings, tune, notify=notify)
-    nonfinite_before = pipe.restorer.nonfinite_faces
+    nonfinite_before = _nonfinite(pipe)
     try:
         source = FileSource([found.files[i][0] for i in photos], [found.files[i][1] for i in photos])
         sink = FileSink(naming, save_faces, save_comparison, save_mask)
@@ -263,11 +263,16 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
     finally:
         if own:
             pipe.close()
-    nonfinite = pipe.restorer.nonfinite_faces - nonfinite_before
+    nonfinite = _nonfinite(pipe) - nonfinite_before
     if nonfinite:
         notify(f"{nonfinite} faces gave a non-finite generator output and were left as the input: the weights may be "
                "damaged (check them with `gpen-tune weights verify`)")
     return EnhanceResult(summary, found.missing, found.passed_over, refused, skipped, nonfinite)
+
+
+def _nonfinite(pipe: Any) -> int:
+    """Faces the generator left as the input so far (a pool of worker processes counts them in the workers)."""
+    return int(getattr(getattr(pipe, "restorer", None), "nonfinite_faces", 0) or 0)
 
 
 @dataclass(frozen=True)

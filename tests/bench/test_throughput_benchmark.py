@@ -29,9 +29,10 @@ def test_benchmark_tiny_mode_writes_json(tmp_path):
     (path,) = tmp_path.glob("*_throughput_cpu_GPEN-BFR-256.json")
     data = json.loads(path.read_text())
     assert "--tiny" in data["command"] and data["environment"]["torch"] == torch.__version__
-    assert set(data["runs"]) == {"serial", "pipeline", "pipeline_detector_process_then_default"}
-    proc = data["detector_process"]
-    assert proc["images"] == 2 and proc["outputs_vs_pipeline"]["compared"] == 2
+    assert set(data["runs"]) == {"serial", "pipeline", "pipeline_detector_process",
+                                 "pipeline_detector_process_then_default"}
+    proc = data["runs"]["pipeline_detector_process"]
+    assert proc["images_ok"] == 2 and proc["outputs_vs_pipeline"]["compared"] == 2
     assert proc["outputs_vs_pipeline"]["max_abs"] <= TOLERANCE
     for run in data["runs"].values():
         assert run["images_ok"] == 2 and run["faces"] == 2 and run["faces_per_s"] > 0

@@ -244,7 +244,8 @@ def test_folder_run_matches_the_default_pipeline(tmp_path):
     for r_w, r_g in zip(want[:4], got[:4], strict=True):
         assert r_g.output.name == r_w.output.name
         for f_w, f_g in zip(r_w.faces, r_g.faces, strict=True):
-            assert np.array_equal(f_w.detection.landmarks, f_g.detection.landmarks)
+            # the child runs its convolutions with its own torch thread count: float sums may round differently
+            np.testing.assert_allclose(f_w.detection.landmarks, f_g.detection.landmarks, atol=1e-3)
         a, b = cv2.imread(str(r_w.output)).astype(int), cv2.imread(str(r_g.output)).astype(int)
         assert a.shape == b.shape and np.abs(a - b).max() <= TOLERANCE, r_w.output.name
 
