@@ -23,14 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from gpen_tune.distributed.lanes import GuardedRestorer, build_lane_restorer, is_device_failure
 from gpen_tune.face.detect import Detection
-from gpen_tune.pipeline.api import Pipeline
 from gpen_tune.pipeline.job import FaceCrop, ImageJob
 from gpen_tune.pipeline.outputs import OutputNaming
 from gpen_tune.pipeline.scheduler import SchedulerConfig
 from gpen_tune.pipeline.settings import EnhanceSettings
-from gpen_tune.pipeline.sinks import FileSink
 from gpen_tune.pipeline.sources import SourceItem
 from gpen_tune.tune.options import TuneConfig
 
@@ -77,6 +74,11 @@ def _worker_main(spec: WorkerSpec, tasks: Any, results: Any, wid: int) -> None:
     if device.startswith("cuda"):
         os.environ["CUDA_VISIBLE_DEVICES"] = device.split(":")[1] if ":" in device else "0"
         device = "cuda:0"                          # read at CUDA's start, which comes after this line
+    # cycle and CUDA: lanes and the pipeline load torch and import this module's caller; imported here, after
+    # CUDA_VISIBLE_DEVICES is set for this worker
+    from gpen_tune.distributed.lanes import GuardedRestorer, build_lane_restorer, is_device_failure
+    from gpen_tune.pipeline.api import Pipeline
+    from gpen_tune.pipeline.sinks import FileSink
 
     try:
         settings = replace(spec.settings, device=device)
@@ -112,6 +114,9 @@ def _worker_main(spec: WorkerSpec, tasks: Any, results: Any, wid: int) -> None:
         results.put(("done", wid, guard.lost or ("interrupted" if summary.interrupted else None)))
     except KeyboardInterrupt:
         results.put(("done", wid, "interrupted"))
+    except BaseException as e:                     # never leave the parent waiting for a worker that is gone
+        results.put(("done", wid, f"worker failed: {type(e).__name__}: {' '.join(str(e).split())}"))
+        raise
     finally:
         pipe.close()
 

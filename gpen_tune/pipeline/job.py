@@ -40,6 +40,7 @@ class ImageJob:
     size: tuple[int, int] | None = None  # (width, height) once decoded
     image_device: Any = None             # [H, W, 3] uint8 on the device when the faces were cut there
     crops_device: Any = None             # [F, S, S, 3] uint8 on the device: the faces cut there
+    nonfinite_faces: int = 0             # faces left as the input after a non-finite output (worker records)
     meta: Any = None                     # the source item's meta, for the sink (a video frame's timestamp)
     detections: list[Detection] | None = None   # kept for an ordered step (tracking) before alignment
     video: dict[str, Any] | None = None  # a whole video's outcome (frames, faces, notes) when this job is one
