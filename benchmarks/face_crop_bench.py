@@ -4,7 +4,7 @@ The image: the bundled real photos' mosaic (12 faces at different scales and rot
 On:  detection on a copy with long side 1024, alignment/paste on each face's region (gpen-tune's default).
 Off: detection at native resolution, full-frame paste canvases per face (upstream-like).
 Peak memory: GPU allocated (CUDA) and host (tracemalloc: numpy/OpenCV buffers allocated from Python).
-Needs the pipeline part (gpen_tune.face). Usage:
+Usage:
     python benchmarks/face_crop_bench.py --device cuda --out benchmarks/results
 """
 
@@ -40,16 +40,17 @@ def big_photo(n_faces: int = 12, min_mp: float = MIN_MEGAPIXELS) -> np.ndarray:
     return cv2.resize(base, (math.ceil(w * k), math.ceil(h * k)), interpolation=cv2.INTER_CUBIC)
 
 
-def run_once(enhancer, image: np.ndarray, device: torch.device, host_memory: bool) -> dict:
+def run_once(pipe, image: np.ndarray, device: torch.device, host_memory: bool) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
     if host_memory:
         tracemalloc.start()
     t0 = time.perf_counter()
-    (job,) = enhancer.prepare([image])
-    enhancer.restore([job])
-    enhancer.finish(job)
+    from gpen_tune.pipeline.sinks import MemorySink
+    from gpen_tune.pipeline.sources import ArraySource
+
+    (job,) = pipe.run(ArraySource([image]), MemorySink(), serial=True).results
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     total = time.perf_counter() - t0
@@ -73,14 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args(argv)
 
-    try:
-        from gpen_tune.face.pipeline import Enhancer, EnhanceSettings
-    except ImportError as e:
-        print(f"error: the face-crop benchmark needs the pipeline part (gpen_tune.face): {e}", file=sys.stderr)
-        return 2
     from gpen_tune.load import load_model
+    from gpen_tune.pipeline.api import Pipeline
+    from gpen_tune.pipeline.settings import EnhanceSettings, detection_size
     from gpen_tune.restore import build_restorer
-    from gpen_tune.tune import TuneConfig, face_crop
+    from gpen_tune.tune import TuneConfig
 
     device = torch.device(args.device)
     image = big_photo()
@@ -93,19 +91,16 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model(args.weights, model=args.model, device=device)
     restore = build_restorer(model, TuneConfig(), device=device)
     for on in (True, False):
-        base = EnhanceSettings(model=args.model, weights=args.weights, detector=args.detector,
-                               device=device.type if device.type in ("cuda", "cpu") else "auto")
-        settings = face_crop.apply(base, TuneConfig(face_crop=on))
-        enhancer = Enhancer(settings, model=model, restore=restore)
-        try:
-            run_once(enhancer, image, device, host_memory=False)  # warm-up: detector build, cuDNN search
-            timed = [run_once(enhancer, image, device, host_memory=False) for _ in range(args.repeats)]
-            mem = run_once(enhancer, image, device, host_memory=True)
-        finally:
-            enhancer.close()
+        settings = EnhanceSettings(model=args.model, weights=args.weights, detector=args.detector,
+                                   device=device.type if device.type in ("cuda", "cpu") else "auto",
+                                   det_size=detection_size(None, on))
+        with Pipeline(settings, TuneConfig(face_crop=on), restorer=restore) as pipe:
+            run_once(pipe, image, device, host_memory=False)  # warm-up: detector build, cuDNN search
+            timed = [run_once(pipe, image, device, host_memory=False) for _ in range(args.repeats)]
+            mem = run_once(pipe, image, device, host_memory=True)
         key = "face_crop_on" if on else "face_crop_off"
         result["runs"][key] = {
-            "settings": face_crop.pipeline_settings(TuneConfig(face_crop=on)) | {"det_size": settings.det_size},
+            "settings": {"face_crop": on, "det_size": settings.det_size},
             "median_s": statistics.median(r["seconds"] for r in timed),
             "faces": timed[0]["faces"],
             "stages_s": {k: statistics.median(r["stages_s"].get(k, 0.0) for r in timed) for k in timed[0]["stages_s"]},

@@ -29,13 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from throughput import BusyMeter, Sampler, build_restore, environment  # noqa: E402
+from throughput import Sampler, environment, metered_pipeline  # noqa: E402
 
-from gpen_tune.face.detect import init_detector  # noqa: E402
-from gpen_tune.load import load_model  # noqa: E402
-from gpen_tune.pipeline.api import Pipeline  # noqa: E402
 from gpen_tune.pipeline.outputs import OutputNaming  # noqa: E402
-from gpen_tune.pipeline.settings import EnhanceSettings  # noqa: E402
 from gpen_tune.pipeline.sinks import FileSink  # noqa: E402
 from gpen_tune.pipeline.sources import FileSource  # noqa: E402
 
@@ -67,14 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     photo = work / "group.png"
     cv2.imwrite(str(photo), big)
 
-    model = load_model(args.weights, model=args.model, device=device)
-    restorer, tune_info = build_restore(model, args.preset, device, batch)
-    meter = BusyMeter(restorer.forward)
-    restorer.forward = meter
-    settings = EnhanceSettings(model=args.model, weights=args.weights, detector="mtcnn", device=device.type,
-                               batch_size=batch)
-    detector = init_detector("mtcnn", device=device, det_size=settings.det_size)
-    pipe = Pipeline(settings, restorer.cfg, restorer=restorer, detector=detector)
+    pipe, detector, restorer, meter, tune_info = metered_pipeline(args.model, args.weights, args.preset, device,
+                                                                  batch)
 
     def once(i: int):
         return pipe.run(FileSource([photo]), FileSink(OutputNaming(work / f"out{i}")), serial=True)

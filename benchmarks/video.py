@@ -34,13 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from throughput import BusyMeter, Sampler, build_restore, environment  # noqa: E402
+from throughput import BusyMeter, Sampler, environment, metered_pipeline  # noqa: E402
 
 from gpen_tune.face import samples  # noqa: E402
-from gpen_tune.face.detect import init_detector  # noqa: E402
-from gpen_tune.load import load_model  # noqa: E402
 from gpen_tune.pipeline.api import Pipeline  # noqa: E402
-from gpen_tune.pipeline.settings import EnhanceSettings  # noqa: E402
 from gpen_tune.video.stream import enhance_video  # noqa: E402
 
 TARGETS = {"one_face_fps": 200.0, "speedup_vs_serial": 3.0}
@@ -145,14 +142,8 @@ def main(argv: list[str] | None = None) -> int:
              "group": write_clip(work / "group.mp4", pan_frames(samples.mosaic(9, 4), n, size))}
     still = write_clip(work / "still.mp4", pan_frames(samples.astronaut(), min(n, 48), size, noise=6.0, still=True))
 
-    model = load_model(args.weights, model=args.model, device=device)
-    restorer, tune_info = build_restore(model, args.preset, device, batch)
-    meter = BusyMeter(restorer.forward)
-    restorer.forward = meter
-    settings = EnhanceSettings(model=args.model, weights=args.weights, detector="mtcnn", device=device.type,
-                               batch_size=batch)
-    detector = init_detector("mtcnn", device=device, det_size=settings.det_size)
-    pipe = Pipeline(settings, restorer.cfg, restorer=restorer, detector=detector)
+    pipe, detector, restorer, meter, tune_info = metered_pipeline(args.model, args.weights, args.preset, device,
+                                                                  batch)
     print("warming up ...", flush=True)
     enhance_video(write_clip(work / "warm.mp4", pan_frames(samples.astronaut(), 8, size)), work / "warm_out.mp4",
                   pipe)

@@ -21,9 +21,11 @@ from typing import Any
 
 import torch
 
+from gpen_tune.face.detect.base import DEFAULT_DET_SIZE
 from gpen_tune.tune.options import TuneConfig
 
-DETECT_LONG_SIDE = 1024  # detection copy's long side; RetinaFace/MTCNN find faces >= ~20 px at this scale
+# the detection copy's long side: the pipeline's one default (RetinaFace/MTCNN find faces >= ~20 px at this scale)
+DETECT_LONG_SIDE = DEFAULT_DET_SIZE
 
 
 def is_supported(device: str | torch.device, cfg: TuneConfig | None = None) -> str | None:
