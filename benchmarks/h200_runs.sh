@@ -58,7 +58,8 @@
 #   abab-detector-process                 run 2026-12-01 08:03 UTC: A/B/A/B detector thread / process, 1,024 photos (~2 min)
 #   detector-process-4096                 run 2026-12-01 08:08 UTC: detector thread vs process, 4,096 photos (~2 min)
 #   targets-4096-tests                    run 2026-12-01 08:13 UTC: 4,096 photos with --detector-process, serial on the first 256 and pipeline in one run; all GPU tests (~4 min)
-#   redesign-measurements                 GPU tests; folder A/B/A before/after the redesign (1,024 photos); 1080p video; 6.8 MP group photo; 4 GB mode (~9 min)
+#   redesign-measurements                 run 2026-12-01 23:14 UTC: GPU tests; folder A/B/A before/after the redesign (1,024 photos); 1080p video; 6.8 MP group photo; 4 GB mode (~9 min)
+#   tests-low-memory                      all GPU tests with tracebacks and JUnit XML; 4 GB mode on 64 photos (~6 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -561,6 +562,14 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
       step "4 GB mode: the whole pipeline under a 4 GiB cap, low-memory and auto"
       timeout 120 "$PY" benchmarks/low_memory.py --out "$DEST" 2>&1 | tail -10 >> "$LOG"
     fi
+    ;;
+  tests-low-memory)
+    # needs .whl (facenet-pytorch, facexlib, filterpy, av, libcst, spandrel) carried and installed on PYTHONPATH
+    step "GPU tests (all), tracebacks and JUnit XML in $DEST/gpu-tests.xml"
+    timeout 260 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider -rfEs --tb=short \
+      --junitxml="$DEST/gpu-tests.xml" 2>&1 | grep -v -i warn | tail -120 >> "$LOG"
+    step "4 GB mode: the whole pipeline under a 4 GiB cap, low-memory, 64 photos"
+    timeout 100 "$PY" benchmarks/low_memory.py --photos 64 --out "$DEST" 2>&1 | tail -40 >> "$LOG"
     ;;
   *) echo "usage: $0 NAME (the names are listed at the top of $0)" >&2; exit 2 ;;
 esac
