@@ -59,7 +59,8 @@
 #   detector-process-4096                 run 2026-12-01 08:08 UTC: detector thread vs process, 4,096 photos (~2 min)
 #   targets-4096-tests                    run 2026-12-01 08:13 UTC: 4,096 photos with --detector-process, serial on the first 256 and pipeline in one run; all GPU tests (~4 min)
 #   redesign-measurements                 run 2026-12-01 23:14 UTC: GPU tests; folder A/B/A before/after the redesign (1,024 photos); 1080p video; 6.8 MP group photo; 4 GB mode (~9 min)
-#   tests-low-memory                      all GPU tests with tracebacks and JUnit XML; 4 GB mode on 64 photos (~6 min)
+#   tests-low-memory                      run 2026-12-02 00:48 UTC: all GPU tests with tracebacks and JUnit XML; 4 GB mode on 64 photos (~3 min)
+#   low-memory-where                      the fixed GPU-cut test; 4 GB mode on 24 photos: where the peak goes (memory history), batch 1, CPU paste, expandable segments (~3 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -570,6 +571,17 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
       --junitxml="$DEST/gpu-tests.xml" 2>&1 | grep -v -i warn | tail -120 >> "$LOG"
     step "4 GB mode: the whole pipeline under a 4 GiB cap, low-memory, 64 photos"
     timeout 100 "$PY" benchmarks/low_memory.py --photos 64 --out "$DEST" 2>&1 | tail -40 >> "$LOG"
+    ;;
+  low-memory-where)
+    step "the GPU-cut test"
+    timeout 60 "$PY" -m pytest -q -m gpu tests/pipeline/test_threads.py -p no:cacheprovider -rfEs --tb=short 2>&1 \
+      | grep -v -i warn | tail -30 >> "$LOG"
+    step "4 GB mode, 24 photos: default (memory history), batch 1, CPU paste, expandable segments"
+    timeout 60 "$PY" benchmarks/low_memory.py --photos 24 --snapshot "$DEST/low_memory_history.pickle" --out "$DEST" \
+      2>&1 | tail -60 >> "$LOG"
+    for lever in "--batch 1" "--paste cpu" "--expandable"; do
+      timeout 50 "$PY" benchmarks/low_memory.py --photos 24 $lever --out "$DEST" 2>&1 | grep -E "mib|failed" >> "$LOG"
+    done
     ;;
   *) echo "usage: $0 NAME (the names are listed at the top of $0)" >&2; exit 2 ;;
 esac

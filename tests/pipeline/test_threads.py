@@ -446,8 +446,9 @@ def test_cuda_faces_cut_on_the_gpu(mixed_folder, tmp_path):
         want = np.stack([warp_crop(job.picture.rgb8(), f.affine, enh.size) for f in job.faces])
         np.testing.assert_array_equal(got, want)
         assert job.image_device is not None and not stages.needs_host_restored(job)
-    stages.save_faces = True
-    assert stages.needs_host_restored(with_faces[0])
-    again = stages.prepare(with_faces[0].index, paths[with_faces[0].index])
-    assert again.image_device is None and all(f.crop is not None for f in again.job.faces)   # --save-faces: host crops
+    saving = enh.stages("inline", save_faces=True)               # --save-faces: the crops are cut on the host
+    first = paths[with_faces[0].index]
+    again = saving.prepare([ImageJob(str(first), 0)], [lambda: str(first)])[0]
+    assert not saving.cut_on_device and saving.needs_host_restored(again)
+    assert again.image_device is None and again.faces and all(f.crop is not None for f in again.faces)
     enh.close()
