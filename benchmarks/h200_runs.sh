@@ -60,7 +60,8 @@
 #   targets-4096-tests                    run 2026-12-01 08:13 UTC: 4,096 photos with --detector-process, serial on the first 256 and pipeline in one run; all GPU tests (~4 min)
 #   redesign-measurements                 run 2026-12-01 23:14 UTC: GPU tests; folder A/B/A before/after the redesign (1,024 photos); 1080p video; 6.8 MP group photo; 4 GB mode (~9 min)
 #   tests-low-memory                      run 2026-12-02 00:48 UTC: all GPU tests with tracebacks and JUnit XML; 4 GB mode on 64 photos (~3 min)
-#   low-memory-where                      the fixed GPU-cut test; 4 GB mode on 24 photos: where the peak goes (memory history), batch 1, CPU paste, expandable segments (~3 min)
+#   low-memory-where                      run 2026-12-02 00:54 UTC: the fixed GPU-cut test; 4 GB mode on 24 photos: where the peak goes (memory history), batch 1, CPU paste, expandable segments (~2 min)
+#   low-memory-after                      4 GB mode after the detector's memory-sized calls and batch 1: tests; 64 photos low-memory (memory history), expandable segments, auto (~3 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -582,6 +583,16 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
     for lever in "--batch 1" "--paste cpu" "--expandable"; do
       timeout 50 "$PY" benchmarks/low_memory.py --photos 24 $lever --out "$DEST" 2>&1 | grep -E "mib|failed" >> "$LOG"
     done
+    ;;
+  low-memory-after)
+    step "GPU tests: 4 GB mode, batched detector"
+    timeout 120 "$PY" -m pytest -q -m gpu tests/tune/test_low_memory_gpu.py tests/face/test_mtcnn_batched.py \
+      -p no:cacheprovider -rfEs --tb=short 2>&1 | grep -v -i warn | tail -40 >> "$LOG"
+    step "4 GB mode, 64 photos: low-memory (memory history), with expandable segments, auto"
+    timeout 60 "$PY" benchmarks/low_memory.py --photos 64 --snapshot "$DEST/low_memory_history.pickle" --out "$DEST" \
+      2>&1 | tail -70 >> "$LOG"
+    timeout 50 "$PY" benchmarks/low_memory.py --photos 64 --expandable --out "$DEST" 2>&1 | grep -E "mib|failed" >> "$LOG"
+    timeout 50 "$PY" benchmarks/low_memory.py --photos 64 --preset auto --out "$DEST" 2>&1 | grep -E "mib|failed|preset" >> "$LOG"
     ;;
   *) echo "usage: $0 NAME (the names are listed at the top of $0)" >&2; exit 2 ;;
 esac

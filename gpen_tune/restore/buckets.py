@@ -10,7 +10,11 @@ from __future__ import annotations
 BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 
 
-LOW_MEMORY_BATCH = 2
+# --checkpoint (as in --preset low-memory) on a GPU: one face per call. GPEN-BFR-512 in bf16 under a 4 GiB cap:
+# one call's peak above the weights 227 MiB at batch 1, 583 MiB at batch 2 (benchmarks/results/
+# 20261202-005540_low_memory_low-memory_bs1.json, -005523_...json: generator_call_peak_mib); with 164 MiB of
+# weights, batch 2 alone leaves nothing of the 700 MiB budget for the detector and the paste.
+LOW_MEMORY_BATCH = 1
 
 
 def default_batch_size(device, low_memory: bool = False) -> int:

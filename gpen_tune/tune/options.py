@@ -188,14 +188,12 @@ def choose_preset(free_bytes: int | None, total_bytes: int | None,
 
 
 def device_memory(device) -> tuple[int | None, int | None]:
-    """(free, total) bytes of a CUDA device from torch.cuda.mem_get_info (what other processes use counts too)."""
-    import torch  # heavy: torch (tune.options stays light for the CLI)
+    """(free, total) bytes this process may use on a CUDA device (`gpen_tune.device_memory.cuda_memory`: what
+    other processes use counts, and so does a per-process memory fraction); (None, None) off CUDA."""
+    from gpen_tune.device_memory import cuda_memory  # heavy: torch (tune.options stays light for the CLI)
 
-    device = torch.device(device)
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return None, None
-    free, total = torch.cuda.mem_get_info(device)
-    return int(free), int(total)
+    memory = cuda_memory(device)
+    return (None, None) if memory is None else memory
 
 
 def resolve_preset(name: str | None, device="cuda") -> tuple[str, TuneConfig, str]:

@@ -187,3 +187,19 @@ def test_retinaface_weights_downloaded_into_cache(http_dir, tmp_path, monkeypatc
     (served / "detection_mobilenet0.25_Final.pth").unlink()
     assert init_detector("retinaface_mobile0.25", weights=url).name == "retinaface_mobile0.25"
     assert RETINAFACE_WEIGHTS["retinaface_mobile0.25"][0] == cached.name
+
+
+def test_images_per_call_follow_the_memory_the_process_may_use():
+    """The batched MTCNN takes fewer images per call where this process may use little GPU memory (a 4 GiB card,
+    or a capped share of a big one): its working set grows with the images of a call."""
+    from gpen_tune.face.detect.mtcnn import MTCNN_MAX_BATCH, images_per_call
+
+    gib = 2**30
+    assert images_per_call(4 * gib, 1024) == 2
+    assert images_per_call(24 * gib, 1024) == 12
+    assert images_per_call(140 * gib, 1024) == MTCNN_MAX_BATCH
+    assert images_per_call(4 * gib, 512) == 8                     # smaller detection copies: more per call
+    assert images_per_call(1 * gib, 1024) == 1                    # never zero
+    assert images_per_call(24 * gib, None) < images_per_call(24 * gib, 1024)   # native size assumed large
+    assert images_per_call(None, 1024) == MTCNN_MAX_BATCH         # the CPU: no device memory to bound
+    assert MTCNNDetector("cpu").max_batch == MTCNN_MAX_BATCH

@@ -74,7 +74,7 @@ def test_what_low_memory_turns_on_and_its_batch_limit():
     cfg = PRESETS["low-memory"]
     assert cfg.act_checkpoint and cfg.lazy_detector and cfg.amp == "bf16"
     assert not cfg.cuda_graph and not cfg.compile      # no graph pools, no compile workspaces
-    assert default_batch_size("cuda", low_memory=cfg.act_checkpoint) == 2 < default_batch_size("cuda") == 32
+    assert default_batch_size("cuda", low_memory=cfg.act_checkpoint) == 1 < default_batch_size("cuda") == 32
     assert default_batch_size("cpu") == default_batch_size("cpu", low_memory=True) == 1
     assert default_batch_size("mps") == 8
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-import torch
 
+from gpen_tune.device_memory import cuda_total
 from gpen_tune.face.detect import mtcnn_batched
 from gpen_tune.face.detect.base import DEFAULT_DET_SIZE, DetectorError, FaceDetector
 from gpen_tune.face.detect.mtcnn_fixed import FixedCanvasPNet
@@ -20,11 +20,28 @@ MTCNN_STAGE_THRESHOLDS = (0.6, 0.7, 0.7)
 MTCNN_PYRAMID_FACTOR = 0.709
 MTCNN_MAX_BATCH = 32             # images per batched-MTCNN call, of any sizes (P-Net chunks itself by pixels)
 PNET_GRAPHS_MIN_GIB = 12         # MTCNN on CUDA: P-Net from CUDA graphs by default on GPUs at least this large
+# The batched driver's working set per image pixel at det_size (P-Net maps, summed-area table, resized levels):
+# ~860 MiB live at the peak of a call of ~15 images at 1,024 px, measured (benchmarks/results/
+# 20261202-005523_low_memory_low-memory.json, peak_by_site). A call may take 1/DETECTOR_MEMORY_SHARE of the
+# memory this process may use: 2 images per call on a 4 GiB card, 12 on 24 GiB, MTCNN_MAX_BATCH from 64 GiB.
+DETECTOR_BYTES_PER_PIXEL = 64
+DETECTOR_MEMORY_SHARE = 32
+NATIVE_SIZE_ESTIMATE = 2048      # det_size None (native resolution): the long side assumed for the bound
+
+
+def images_per_call(total_bytes: int | None, det_size: int | None) -> int:
+    """Images per batched-MTCNN call on a device where this process may use `total_bytes` (None: off CUDA)."""
+    if total_bytes is None:
+        return MTCNN_MAX_BATCH
+    side = det_size or NATIVE_SIZE_ESTIMATE
+    fits = total_bytes // DETECTOR_MEMORY_SHARE // (DETECTOR_BYTES_PER_PIXEL * side * side)
+    return int(max(1, min(MTCNN_MAX_BATCH, fits)))
 
 
 class MTCNNDetector(FaceDetector):
     """facenet-pytorch's MTCNN networks (weights in the wheel) driven by our batched driver
-    (`mtcnn_batched`): up to `MTCNN_MAX_BATCH` images of any sizes per call on a GPU.
+    (`mtcnn_batched`): up to `MTCNN_MAX_BATCH` images of any sizes per call on a GPU, fewer where the memory
+    this process may use is small (`images_per_call`).
 
     On the CPU, images are still grouped by size (`mixed_sizes` False there): batching brings no speed on the CPU,
     and the CPU convolution picks another code path by batch size (native below 2 images, oneDNN above), so
@@ -44,6 +61,7 @@ class MTCNNDetector(FaceDetector):
         they can run, "torch": the PyTorch twins; see `gpen_tune.ops.nms` / `gpen_tune.ops.area_resize`)."""
         super().__init__(device, threshold, det_size)
         self.mixed_sizes = self.device.type != "cpu"
+        self.max_batch = images_per_call(cuda_total(self.device), det_size)
         self.pnet_graphs = pnet_graphs
         self._check_impls(nms, area)
         self.nms, self.area = nms, area
@@ -95,10 +113,7 @@ class MTCNNDetector(FaceDetector):
         if self.device.type != "cuda" or not self.det_size or self.pnet_graphs is False:
             return False
         if self.pnet_graphs is None:     # the memory this process may use: a capped process (4 GB mode) has less
-            total = torch.cuda.get_device_properties(self.device).total_memory
-            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _d: 1.0)(index)
-            return total * fraction >= PNET_GRAPHS_MIN_GIB * 2**30
+            return (cuda_total(self.device) or 0) >= PNET_GRAPHS_MIN_GIB * 2**30
         return True
 
     def capture_graphs(self) -> None:

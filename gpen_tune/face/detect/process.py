@@ -41,9 +41,8 @@ import torch
 
 from gpen_tune.face.detect.base import DEFAULT_DET_SIZE, Detection, detect_shrunk
 from gpen_tune.face.detect.build import build_backend
-from gpen_tune.face.detect.services import BatchingDetector, DetectRequest, is_lazy, take_batch
+from gpen_tune.face.detect.services import MAX_IMAGES, BatchingDetector, DetectRequest, is_lazy, take_batch
 
-MAX_IMAGES = 32                 # images per detector call, as BatchingDetector
 MIN_SEGMENT_BYTES = 32 << 20    # first shared-memory segment (pages are only committed when written)
 ALIGN = 64                      # byte alignment of each image in the segment
 START_TIMEOUT_S = 300.0         # spawn + import torch + build the detector (+ CUDA context) must fit in this

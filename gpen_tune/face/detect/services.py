@@ -29,9 +29,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from gpen_tune.device_memory import cuda_memory
 from gpen_tune.face.detect.base import Detection, detect_shrunk
 
-MAX_IMAGES = 32      # images per detector call (the batched MTCNN bounds its own memory per chunk)
+MAX_IMAGES = 32      # images per service call (a backend splits them by its own `max_batch`)
 Policy = Literal["tight", "always", "never"]
 POLICIES = ("tight", "always", "never")
 DEFAULT_MIN_FREE_BYTES = 4 * 1024**3  # release when less than this is free before a generator batch
@@ -212,7 +213,7 @@ class LazyDetector:
             generator batch, "never" keeps it (a plain lazily-built detector).
         min_free_bytes: threshold for "tight".
         device: the device whose free memory is checked (default: the detector's `.device`, else cuda:0).
-        free_memory: (device) -> free bytes; default torch.cuda.mem_get_info. Only the policy reads it.
+        free_memory: (device) -> free bytes; default `gpen_tune.device_memory.cuda_memory`'s. Only the policy reads it.
     """
 
     def __init__(self, factory: Callable[[], Any], policy: Policy = "tight",
@@ -298,10 +299,10 @@ class LazyDetector:
         device = self.device
         if self._free_memory is not None:
             return self._free_memory(device) < self.min_free_bytes
-        if device.type != "cuda" or not torch.cuda.is_available():
+        memory = cuda_memory(device)
+        if memory is None:
             return False  # nothing to free on the host
-        free, _total = torch.cuda.mem_get_info(device)
-        return free < self.min_free_bytes
+        return memory[0] < self.min_free_bytes
 
 
 class SharedDetector:
