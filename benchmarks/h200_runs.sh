@@ -61,7 +61,8 @@
 #   redesign-measurements                 run 2026-12-01 23:14 UTC: GPU tests; folder A/B/A before/after the redesign (1,024 photos); 1080p video; 6.8 MP group photo; 4 GB mode (~9 min)
 #   tests-low-memory                      run 2026-12-02 00:48 UTC: all GPU tests with tracebacks and JUnit XML; 4 GB mode on 64 photos (~3 min)
 #   low-memory-where                      run 2026-12-02 00:54 UTC: the fixed GPU-cut test; 4 GB mode on 24 photos: where the peak goes (memory history), batch 1, CPU paste, expandable segments (~2 min)
-#   low-memory-after                      4 GB mode after the detector's memory-sized calls and batch 1: tests; 64 photos low-memory (memory history), expandable segments, auto (~3 min)
+#   low-memory-after                      run 2026-12-02 01:00 UTC: 4 GB mode after the detector's memory-sized calls and batch 1: tests; 64 photos low-memory (memory history), expandable segments, auto (~2 min)
+#   low-memory-paste-tests                4 GB mode with the CPU paste and cuDNN's workspace sized on small GPUs: 64 photos (memory history), auto, 256 photos; all GPU tests (~5 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -593,6 +594,16 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
       2>&1 | tail -70 >> "$LOG"
     timeout 50 "$PY" benchmarks/low_memory.py --photos 64 --expandable --out "$DEST" 2>&1 | grep -E "mib|failed" >> "$LOG"
     timeout 50 "$PY" benchmarks/low_memory.py --photos 64 --preset auto --out "$DEST" 2>&1 | grep -E "mib|failed|preset" >> "$LOG"
+    ;;
+  low-memory-paste-tests)
+    step "4 GB mode: 64 photos low-memory (memory history), auto; 256 photos low-memory"
+    timeout 70 "$PY" benchmarks/low_memory.py --photos 64 --snapshot "$DEST/low_memory_history.pickle" --out "$DEST" \
+      2>&1 | tail -80 >> "$LOG"
+    timeout 50 "$PY" benchmarks/low_memory.py --photos 64 --preset auto --out "$DEST" 2>&1 | grep -E "mib|failed|preset" >> "$LOG"
+    timeout 90 "$PY" benchmarks/low_memory.py --photos 256 --out "$DEST" 2>&1 | grep -E "mib|failed|faces" >> "$LOG"
+    step "GPU tests (all)"
+    timeout 200 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider -rfEs --tb=short \
+      --junitxml="$DEST/gpu-tests.xml" 2>&1 | grep -v -i warn | tail -60 >> "$LOG"
     ;;
   *) echo "usage: $0 NAME (the names are listed at the top of $0)" >&2; exit 2 ;;
 esac

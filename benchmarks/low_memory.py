@@ -55,7 +55,7 @@ def tune_for(preset: str, cap_bytes: int, device: torch.device):
     return choose_preset(min(free, cap_bytes), cap_bytes)
 
 
-def where_the_peak_goes(snapshot: dict, device_index: int, top: int = 15) -> list[dict]:
+def where_the_peak_goes(snapshot: dict, device_index: int, top: int = 25) -> list[dict]:
     """Replay the allocator's history to its peak of live bytes; the live bytes there, by the first line of this
     project in each allocation's stack (else the first frame)."""
     events = snapshot["device_traces"][device_index]
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> dict:
         photo_folder(src, args.photos)
         torch.cuda.reset_peak_memory_stats(device)
         if args.snapshot:
-            torch.cuda.memory._record_memory_history(max_entries=200_000)
+            torch.cuda.memory._record_memory_history(max_entries=1_000_000)
         with Pipeline(settings, tune) as pipe:
             t0 = time.perf_counter()
             result = enhance([str(src)], out, pipeline=pipe)

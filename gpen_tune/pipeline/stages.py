@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from gpen_tune.background.upscale import scale_inverse, upscale_alpha
+from gpen_tune.device_memory import cuda_total
 from gpen_tune.face.align import alignment, cut_faces, cut_faces_device
 from gpen_tune.face.detect import Detection, default_notify
 from gpen_tune.face.paste import (
@@ -46,6 +47,11 @@ from gpen_tune.pipeline.settings import EnhanceSettings
 # auto paste without the one-kernel paste: on the GPU from about 1920x1080 up (smaller frames paste fast on the
 # CPU; the PyTorch twin's per-face calls cost more than the host paste below that)
 GPU_PASTE_MIN_PIXELS = 2_000_000
+# paste "auto" keeps images and crops on the device only where this process may use at least this much of it:
+# on a small GPU the images in flight (up to the scheduler's bound, each with its crops and restorations) would
+# outgrow the 4 GiB mode's 700 MiB budget (benchmarks/results/20261202-010124_low_memory_low-memory.json:
+# device crops and kept restorations 96 MiB of the peak); there faces are cut and pasted on the CPU
+DEVICE_PASTE_MIN_BYTES = 8 * 2**30
 
 
 def center_face(detections: list[Detection], width: int, height: int) -> list[Detection]:
@@ -109,8 +115,11 @@ class Stages:
     def device_paste_possible(self) -> bool:
         """Whether any image can take the device paste (the scheduler then keeps restored crops there)."""
         s = self.settings
-        return (s.paste != "cpu" and self.device.type == "cuda" and self.face_crop and not s.aligned
-                and self.upscaler is None and self.restoring)
+        if s.paste == "cpu" or self.device.type != "cuda" or not self.face_crop or s.aligned:
+            return False
+        if s.paste == "auto" and (cuda_total(self.device) or 0) < DEVICE_PASTE_MIN_BYTES:
+            return False
+        return self.upscaler is None and self.restoring
 
     def uses_device_paste(self, job: ImageJob) -> bool:
         if not self.device_paste_possible or not job.faces or job.picture is None or job.picture.bits != 8:

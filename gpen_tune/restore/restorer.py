@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from gpen_tune.device_memory import cuda_total
 from gpen_tune.restore import buckets
 from gpen_tune.restore.buckets import BUCKETS, bucket_floor
 from gpen_tune.restore.convert import keep_input_where, stack_crops, to_model_input, to_uint8_nhwc
@@ -296,8 +297,13 @@ def finite_per_face(y: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(y.sum(dim=tuple(range(1, y.dim())), dtype=torch.float32))
 
 
-def bound_cudnn_workspace(cap_mib: int = CUDNN_WORKSPACE_CAP_MIB) -> None:
-    """Cap cuDNN's per-algorithm workspace unless the user chose a cap; cuDNN reads it when it tries algorithms."""
+def bound_cudnn_workspace(device: torch.device, cap_mib: int = CUDNN_WORKSPACE_CAP_MIB) -> None:
+    """Cap cuDNN's per-algorithm workspace unless the user chose a cap; cuDNN reads it when it tries algorithms.
+    Below 64 GiB of memory for this process the cap is 1/64 of it (a 4 GiB card: 64 MiB; GPEN-512's convs took
+    2 x 64 MiB at the 4 GiB mode's peak, benchmarks/results/20261202-010124_low_memory_low-memory.json)."""
+    total = cuda_total(device)
+    if total is not None and total < 64 * 2**30:
+        cap_mib = min(cap_mib, max(16, total // 64 // 2**20))
     os.environ.setdefault("CUDNN_CONV_WSCAP_DBG", str(cap_mib))
 
 
@@ -321,7 +327,7 @@ def build_restorer(model: nn.Module, cfg: TuneConfig | None = None, *, device: s
         device = torch.device("cuda", torch.cuda.current_device())
     model = model.to(device).eval().requires_grad_(False)
     if device.type == "cuda":
-        bound_cudnn_workspace()
+        bound_cudnn_workspace(device)
     done = apply_switches(model, cfg, device, BUCKETS, compile_backend=compile_backend)
     restorer = Restorer(done.forward, device=device, dtype=getattr(done.model, "compute_dtype", torch.float32),
                         size=getattr(done.model, "size", None), max_batch=max_batch, model=done.model, cfg=cfg,
