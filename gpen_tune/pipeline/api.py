@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpen_tune.device_memory import trim_host_heap
 from gpen_tune.face.detect import BatchingDetector, default_notify, init_detector, serve
 from gpen_tune.face.parse import load_parser
 from gpen_tune.imageio import ImageReadError, Picture
@@ -125,7 +126,10 @@ class Pipeline:
         if self.settings.aligned:
             return None
         _ = self.parser
-        return self.detector("inline").name
+        name = self.detector("inline").name
+        if self.device.type == "cpu":
+            trim_host_heap()             # the weights' fp32 copies freed by the cast: back to the OS
+        return name
 
     # -- running -----------------------------------------------------------------------------------------------
     def run(self, source: Source, sink: Sink, *, serial: bool = False,
