@@ -28,6 +28,7 @@ from gpen_tune.cli._options import (
     tune_config_from_options,
 )
 from gpen_tune.cli._progress import EnhanceProgress, print_summary
+from gpen_tune.distributed.ray_import import RayMissing, check_ray
 
 IO_PANEL = "Inputs and outputs"
 FACE_PANEL = "Faces"
@@ -174,6 +175,19 @@ def enhance(
 ) -> None:
     """Restore every face in photos and videos: detect, align, restore in batches, paste back seamlessly."""
     # Long for its Typer signature (one annotated parameter per flag); the body only validates and hands over.
+    # The checks that need no torch come first, so that they answer at once.
+    names = list(inputs or []) + list(input_ or [])
+    if not names:
+        raise fail("no input given: pass files, folders or globs (or -i PATH)")
+    if overwrite and skip_existing:
+        raise fail("--overwrite and --skip-existing contradict each other: choose one")
+    if devices is not None and (ray or ray_address):
+        raise fail("--devices runs on this host, --ray on a Ray cluster: choose one")
+    if ray or ray_address is not None:
+        try:
+            check_ray()                                  # before torch is imported: the answer comes at once
+        except RayMissing as e:
+            raise fail(str(e)) from None
     from gpen_tune.model.configs import model_info  # heavy: torch (fast --help)
     from gpen_tune.pipeline.api import Pipeline, VideoOptions  # heavy: torch (fast --help)
     from gpen_tune.pipeline.api import enhance as run_enhance  # heavy: torch (fast --help)
@@ -186,22 +200,7 @@ def enhance(
         resolve_device,
     )
 
-    names = list(inputs or []) + list(input_ or [])
-    if not names:
-        raise fail("no input given: pass files, folders or globs (or -i PATH)")
-    if overwrite and skip_existing:
-        raise fail("--overwrite and --skip-existing contradict each other: choose one")
-    if devices is not None and (ray or ray_address):
-        raise fail("--devices runs on this host, --ray on a Ray cluster: choose one")
     build, run = Pipeline, run_enhance
-    if ray or ray_address is not None:
-
-        from gpen_tune.distributed.ray_data import RayMissing, import_ray  # optional: ray (the [ray] extra)
-
-        try:
-            import_ray()
-        except RayMissing as e:
-            raise fail(str(e)) from None
     try:                                                 # every argument checked before anything is printed
         model_info(model)
         check_pattern(name_pattern)

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpen_tune.distributed.ray_import import RayMissing, import_ray  # noqa: F401 (RayMissing: for callers)
 from gpen_tune.face.detect import Detection, default_notify, init_detector
 from gpen_tune.face.parse import FaceParser
 from gpen_tune.imageio import ImageReadError, read_image
@@ -49,21 +50,6 @@ from gpen_tune.pipeline.settings import EnhanceSettings, resolve_weights
 from gpen_tune.pipeline.sinks import FileSink
 from gpen_tune.pipeline.stages import Stages, one_line
 from gpen_tune.tune.options import TuneConfig
-
-RAY_MISSING = "--ray needs Ray: pip install 'gpen-tune[ray]'"
-
-
-class RayMissing(ImportError):
-    """Ray is not installed (the message is the one line the CLI prints)."""
-
-
-def import_ray() -> Any:
-    try:
-        import ray  # optional: the "ray" extra
-        import ray.data  # noqa: F401
-    except ImportError:
-        raise RayMissing(RAY_MISSING) from None
-    return ray
 
 
 @dataclass(frozen=True)
