@@ -388,8 +388,7 @@ def build_restore(model, preset: str, device: torch.device, batch: int):
 def metered_pipeline(model_name: str, weights: str, preset: str, device: torch.device, batch: int,
                      detector_name: str = "mtcnn", parse_mask: bool | None = None, parse_weights: str | None = None):
     """(pipeline, detector, restorer, meter, tune info): the generator of a preset behind a BusyMeter and one
-    detector, as the video and group-photo benchmarks run them (parse mask settings as enhance's); the caller
-    closes pipeline and detector."""
+    detector, as the video and group-photo benchmarks run them; the caller closes pipeline and detector."""
     model = load_model(weights, model=model_name, device=device)
     restorer, tune_info = build_restore(model, preset, device, batch)
     meter = BusyMeter(restorer.forward)
