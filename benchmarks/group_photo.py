@@ -7,6 +7,11 @@ photo would make them.
 
     python benchmarks/group_photo.py --model GPEN-BFR-512 --preset speed --repeats 10        # GPU
     python benchmarks/group_photo.py --model GPEN-BFR-256 --preset none --repeats 1          # CPU
+    python benchmarks/group_photo.py --model GPEN-BFR-512 --preset speed --parse-mask        # + ParseNet mask
+
+--parse-mask times the pipeline with the ParseNet paste mask (the cached official file, else a seeded random
+ParseNet: its cost does not depend on the weights), --no-parse-mask without it; by default it runs as enhance's
+does (when its weights are cached). The JSON says which, and the parse step's share of the image.
 
 Writes one JSON to --out (default benchmarks/results/) with the command.
 """
@@ -31,6 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from throughput import Sampler, environment, metered_pipeline  # noqa: E402
 
+from gpen_tune.face.parse import timing_parse_weights  # noqa: E402
 from gpen_tune.pipeline.outputs import OutputNaming  # noqa: E402
 from gpen_tune.pipeline.sinks import FileSink  # noqa: E402
 from gpen_tune.pipeline.sources import FileSource  # noqa: E402
@@ -49,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="speed", help="speed | balanced | low-memory | none")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--parse-mask", action=argparse.BooleanOptionalAction, default=None,
+                    help="with or without the ParseNet paste mask (default: as enhance, when its weights are cached)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
     if not args.image.is_file():
@@ -63,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     photo = work / "group.png"
     cv2.imwrite(str(photo), big)
 
+    parse_weights = str(timing_parse_weights()) if args.parse_mask else None
     pipe, detector, restorer, meter, tune_info = metered_pipeline(args.model, args.weights, args.preset, device,
-                                                                  batch)
+                                                                  batch, parse_mask=args.parse_mask,
+                                                                  parse_weights=parse_weights)
 
     def once(i: int):
         return pipe.run(FileSource([photo]), FileSink(OutputNaming(work / f"out{i}")), serial=True)
@@ -98,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                               "max": round(max(times), 4)},
         "mean_step_s": {k: round(v, 4) for k, v in stages.items()},
         "generator_s_per_image": round(meter.seconds() / args.repeats, 4),
+        "parse_mask": parse_mask_info(pipe.parser, stages.get("parse"), float(np.median(times))),
         "peak_host_rss_mib": round(sampler.rss_peak / 2**20, 1),
     }
     if device.type == "cuda":
@@ -111,9 +122,18 @@ def main(argv: list[str] | None = None) -> int:
     tag = result["environment"].get("gpu", device.type).replace(" ", "-")
     path = args.out / f"{time.strftime('%Y%m%d-%H%M%S')}_group_photo_{tag}_{args.model}.json"
     path.write_text(json.dumps(result, indent=2))
-    print(json.dumps({k: result[k] for k in ("photo", "seconds_per_image", "mean_step_s")}, indent=1))
+    print(json.dumps({k: result[k] for k in ("photo", "seconds_per_image", "mean_step_s", "parse_mask")}, indent=1))
     print(f"wrote {path}")
     return 0
+
+
+def parse_mask_info(parser, parse_s: float | None, seconds_per_image: float) -> dict:
+    """Whether the paste mask ran, with which weights and dtype, and its step's mean share of the image."""
+    if parser is None:
+        return {"on": False}
+    return {"on": True, "weights": str(parser.weights), "dtype": str(parser.dtype).removeprefix("torch."),
+            "s_per_image": None if parse_s is None else round(parse_s, 4),
+            "share_of_image": None if parse_s is None else round(parse_s / seconds_per_image, 3)}
 
 
 if __name__ == "__main__":

@@ -386,7 +386,7 @@ def build_restore(model, preset: str, device: torch.device, batch: int):
 
 
 def metered_pipeline(model_name: str, weights: str, preset: str, device: torch.device, batch: int,
-                     detector_name: str = "mtcnn"):
+                     detector_name: str = "mtcnn", parse_mask: bool | None = None, parse_weights: str | None = None):
     """(pipeline, detector, restorer, meter, tune info): the generator of a preset behind a BusyMeter and one
     detector, as the video and group-photo benchmarks run them; the caller closes pipeline and detector."""
     model = load_model(weights, model=model_name, device=device)
@@ -394,7 +394,7 @@ def metered_pipeline(model_name: str, weights: str, preset: str, device: torch.d
     meter = BusyMeter(restorer.forward)
     restorer.forward = meter
     settings = EnhanceSettings(model=model_name, weights=weights, detector=detector_name, device=device.type,
-                               batch_size=batch)
+                               batch_size=batch, parse_mask=parse_mask, parse_weights=parse_weights)
     detector = init_detector(detector_name, device=device, det_size=settings.det_size)
     pipe = Pipeline(settings, restorer.cfg, restorer=restorer, detector=detector)
     return pipe, detector, restorer, meter, tune_info

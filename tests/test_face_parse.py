@@ -1,6 +1,7 @@
 """The parse mask: both official checkpoint files load strictly (test-made, in their key layout), on by default only
-when its weights are available (said once otherwise), required with --parse-mask, the device masks equal the host
-ones, bf16 against fp32 on the bundled faces, registry pins."""
+when its weights are available (said once otherwise), required with --parse-mask, synthetic weights (said loudly),
+the dtype rule, the device masks and the batched device feather equal the host ones, bf16 against fp32 on the
+bundled faces, registry pins; on CUDA: bf16 / fp16 against fp32, no host sync, the device paste through the mask."""
 
 from __future__ import annotations
 
@@ -10,14 +11,23 @@ import torch
 
 from gpen_tune.face import samples
 from gpen_tune.face.parse import (
+    SYNTHETIC,
+    SYNTHETIC_NOTICE,
     UNAVAILABLE,
     FaceParser,
     ParseMaskError,
+    feather_device,
     load_parser,
     mask_area_iou,
+    parse_dtype,
     parse_weights_file,
+    synthetic_parse_state_dict,
+    timing_parse_weights,
 )
-from gpen_tune.face.paste import default_mask, feather_sigma
+from gpen_tune.face.paste import default_mask, feather, feather_params, feather_sigma
+
+SMALL = np.array([[0.15, 0.0, 10.0], [0.0, 0.15, 20.0]])        # crop -> image of a ~35 px face from a 256 crop
+BIG = np.array([[1.5, 0.0, 10.0], [0.0, 1.5, 20.0]])            # a face ~ 2.7 times the crop's face
 
 pytest.importorskip("facexlib")
 
@@ -105,11 +115,53 @@ def test_cached_registry_file_is_found_and_pinned(offline_cache, checkpoints):
         parse_weights_file()
 
 
+def test_synthetic_weights_are_a_seeded_parsenet_in_the_official_layout_and_said_loudly():
+    said: list[str] = []
+    parser = load_parser(True, "cpu", SYNTHETIC, notify=said.append)
+    assert said == [SYNTHETIC_NOTICE] and parser.weights == SYNTHETIC
+    official = parsenet_state_dict(seed=3)
+    state = parser.net.state_dict()
+    assert list(state) == list(official) and all(state[k].shape == v.shape for k, v in official.items())
+    rng = torch.get_rng_state()
+    again = synthetic_parse_state_dict()
+    assert torch.equal(torch.get_rng_state(), rng)                    # the caller's random state is untouched
+    assert all(torch.equal(state[k], again[k]) for k in state)        # seeded: the same network every time
+
+
+def test_timing_weights_are_the_cached_file_else_synthetic(offline_cache, checkpoints):
+    assert timing_parse_weights() == SYNTHETIC
+    offline_cache.mkdir(parents=True)
+    target = offline_cache / "ParseNet-latest.pth"
+    target.write_bytes(checkpoints["ParseNet-latest.pth"].read_bytes())
+    assert timing_parse_weights() == target
+
+
+def test_dtype_rule_bf16_on_cuda_fp32_on_the_cpu():
+    assert parse_dtype(torch.device("cpu")) == torch.float32
+    assert parse_dtype(torch.device("cuda", 0)) == torch.bfloat16
+    assert parse_dtype(torch.device("cpu"), "fp16") == torch.float16
+    with pytest.raises(ValueError, match="parse precision must be one of"):
+        parse_dtype(torch.device("cpu"), "int8")
+
+
+def test_device_feather_of_a_batch_equals_the_host_feather_of_each_face():
+    """Faces of different feathers (default, widened for small faces, so different kernel sizes and borders) in one
+    batch: each face's mask equals `feather` of it alone (OpenCV)."""
+    rng = np.random.default_rng(0)
+    masks = (rng.random((4, 256, 256)) > 0.4).astype(np.float32)
+    masks[:, 64:192, 64:192] = 1.0
+    sigmas = [None, feather_sigma(256, SMALL), feather_sigma(256, BIG), feather_sigma(256, SMALL * 2)]
+    params = {feather_params(256, s) for s in sigmas}
+    assert len(params) == 3 and len({ksize for *_, ksize in params}) == 2     # borders and kernel sizes differ
+    got = feather_device(torch.from_numpy(masks), sigmas).numpy()
+    for m, s, g in zip(masks, sigmas, got, strict=True):
+        np.testing.assert_allclose(g, feather(m, s), atol=1e-6)
+
+
 @pytest.mark.slow
 def test_device_masks_equal_host_masks_and_feather_widens_for_small_faces(checkpoints, faces):
     parser = FaceParser("cpu", checkpoints["ParseNet-latest.pth"])
-    big = np.array([[1.5, 0.0, 10.0], [0.0, 1.5, 20.0]])              # a face ~ 2.7 times the crop's face
-    small = np.array([[0.15, 0.0, 10.0], [0.0, 0.15, 20.0]])          # a ~35 px face from a 256 crop
+    big, small = BIG, SMALL
     dev = parser.masks_device(torch.from_numpy(faces), [big, small])
     host = parser.masks(list(faces), [big, small])
     assert dev.shape == (2, 256, 256) and dev.dtype == torch.float32
@@ -135,10 +187,57 @@ def test_bf16_masks_agree_with_fp32_on_bundled_faces(checkpoints, faces):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_bf16_masks_agree_with_fp32(checkpoints):
+@pytest.mark.parametrize("precision", ["auto", "fp16"])
+def test_cuda_half_masks_agree_with_fp32(checkpoints, precision):
+    """The pipeline's choice on CUDA ("auto": bf16) and fp16: masks within IoU 0.99 of fp32's."""
     x = torch.from_numpy(samples.aligned_face_crops(512)).cuda()
     fp32 = FaceParser("cuda", checkpoints["ParseNet-latest.pth"], precision="fp32").masks_device(x)
-    auto = FaceParser("cuda", checkpoints["ParseNet-latest.pth"])
-    assert auto.dtype == torch.bfloat16
-    assert mask_area_iou(fp32, auto.masks_device(x)) >= 0.99
+    half = FaceParser("cuda", checkpoints["ParseNet-latest.pth"], precision=precision)
+    assert half.dtype == (torch.bfloat16 if precision == "auto" else torch.float16)
+    assert mask_area_iou(fp32, half.masks_device(x)) >= 0.99
+
+
+@pytest.mark.gpu
+def test_cuda_masks_make_no_host_sync(faces):
+    """A batch of faces with different feathers: no host sync (an error in sync debug mode), the same masks as
+    the host feather of the same class masks."""
+    parser = FaceParser("cuda", SYNTHETIC)
+    x = torch.from_numpy(faces).cuda()
+    parser.masks_device(x, [SMALL, BIG])                 # warm-up: cuDNN's algorithm search, the pinned pool
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        masks = parser.masks_device(x, [SMALL, BIG])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    host = parser.masks(list(faces), [SMALL, BIG])
+    np.testing.assert_allclose(masks.cpu().numpy(), np.stack(host), atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_cuda_device_paste_through_the_parse_mask_matches_the_host_paste(tmp_path):
+    """The parse mask and the paste on the device (threaded, --paste gpu) against the serial host paste with the
+    same parser, <= 2 grey levels; both record the parse step's time."""
+    import cv2
+
+    from gpen_tune.load import load_model
+    from gpen_tune.model.configs import GPENConfig
+    from gpen_tune.pipeline import EnhanceSettings, Pipeline, SchedulerConfig, enhance
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i, img in enumerate([cv2.resize(samples.mosaic(6, 2), None, fx=2.0, fy=2.0), samples.astronaut()]):
+        cv2.imwrite(str(folder / f"{i}.png"), np.ascontiguousarray(img[..., ::-1]))
+    model = load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cuda")
+    common = dict(device="cuda", detector="mtcnn", batch_size=8, parse_mask=True, parse_weights=SYNTHETIC)
+    host = Pipeline(EnhanceSettings(**common), model=model)
+    device = Pipeline(EnhanceSettings(**common, paste="gpu"), model=model)
+    serial = enhance(folder, tmp_path / "s", pipeline=host, serial=True, ext="png").summary
+    piped = enhance(folder, tmp_path / "p", pipeline=device, config=SchedulerConfig(workers=2), ext="png").summary
+    assert piped.faces == serial.faces >= 7
+    for a, b in zip(serial.results, piped.results, strict=True):
+        x, y = cv2.imread(str(a.output)).astype(int), cv2.imread(str(b.output)).astype(int)
+        assert np.abs(x - y).max() <= 2, a.output
+        assert a.timings["parse"] > 0 and b.timings["parse"] > 0
+    host.close()
+    device.close()

@@ -78,41 +78,87 @@ def _precision(meta: dict) -> str:
     return f"{conv}, {mm} ({meta.get('tf32', 'PyTorch defaults')})"
 
 
+def _parse(result: dict) -> dict | None:
+    """The parse mask's measurement when it ran (`bench --parse-mask`), else None."""
+    parse = result.get("parse_mask")
+    return parse if parse and parse["status"] == "ok" else None
+
+
 def markdown_table(result: dict) -> str:
-    """The README table: one line per row; skipped rows say why."""
-    meta = result["meta"]
+    """The README table: one line per row; skipped rows say why. With the parse mask measured: generator + parse
+    mask columns, and the parser's own table below."""
+    meta, parse = result["meta"], _parse(result)
+    header = ["row", "ms/face bs1", "faces/s (best bs)"]
+    if parse:
+        header += ["ms/face bs1 + parse mask", "faces/s + parse mask (best bs)"]
+    header += ["peak alloc MiB bs1 / best", "peak reserved MiB bs1 / best", "bs4 rel IQR / max-abs vs bs1",
+               "bs16 rel IQR / max-abs vs bs1", "PSNR dB vs fp32", "max-abs vs fp32", "warm-up s",
+               "restore peak with detector MiB"]
     lines = [
         f"**{meta['model']}** on {meta.get('device_name', meta['device_type'])}, torch {meta['torch']}"
         f"{' / CUDA ' + meta['cuda'] if meta.get('cuda') and meta['device_type'] == 'cuda' else ''}, "
         f"{meta['faces']} real face crops ({meta['inputs']}), {meta['date']}. fp32 default: {_precision(meta)}."
         + ("" if meta.get("complete", True) else " **Partial: the run has not finished (rows so far).**"),
         "",
-        "| row | ms/face bs1 | faces/s (best bs) | peak alloc MiB bs1 / best | peak reserved MiB bs1 / best "
-        "| bs4 rel IQR / max-abs vs bs1 | bs16 rel IQR / max-abs vs bs1 | PSNR dB vs fp32 | max-abs vs fp32 "
-        "| warm-up s | restore peak with detector MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
     ]
     for row in result["rows"]:
         if row["status"] != "ok":
-            lines.append(f"| {_cell(row['label'])} | {row['status']}: {_cell(row['reason'])} "
-                         "|  |  |  |  |  |  |  |  |  |")
+            lines.append(f"| {_cell(row['label'])} | {row['status']}: {_cell(row['reason'])} |"
+                         + "  |" * (len(header) - 2))
             continue
         best = str(row["best_batch"])
         a1, r1 = _mem(row, "1")
         ab, rb = _mem(row, best)
         q, m = _quality(row)
         notes = " ⚠ " + "; ".join(row["fallbacks"]) if row["fallbacks"] else ""
-        lines.append(
-            f"| {_cell(row['label'] + notes)} | {_num(row['ms_per_face_bs1'])} "
-            f"| {row['best_faces_per_s']:.1f} (bs {best}) "
-            f"| {a1} / {ab} | {r1} / {rb} | {_stability(row, '4')} | {_stability(row, '16')} | {q} | {m} "
-            f"| {row['warmup_s_total']:.1f} | {_detector(row)} |")
+        cells = [_cell(row["label"] + notes), _num(row["ms_per_face_bs1"]),
+                 f"{row['best_faces_per_s']:.1f} (bs {best})"]
+        if parse:
+            cells += _with_parse(row)
+        cells += [f"{a1} / {ab}", f"{r1} / {rb}", _stability(row, "4"), _stability(row, "16"), q, m,
+                  f"{row['warmup_s_total']:.1f}", _detector(row)]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += _parse_lines(result)
     lines += ["", f"Command: `{meta['command']}`", ""]
     return "\n".join(lines)
 
 
+def _with_parse(row: dict) -> list[str]:
+    both = row.get("with_parse_mask")
+    if not both or both["best_batch"] is None:
+        return ["-", "-"]
+    return [_num(both["ms_per_face_bs1"]), f"{both['best_faces_per_s']:.1f} (bs {both['best_batch']})"]
+
+
+def _parse_lines(result: dict) -> list[str]:
+    """The parse mask alone: what it ran as, then one line per batch size (or why it did not run)."""
+    parse = result.get("parse_mask")
+    if not parse:
+        return []
+    if parse["status"] != "ok":
+        return ["", f"Parse mask: {parse['status']}: {_cell(parse['reason'])}"]
+    iou = parse.get("mask_iou_vs_fp32")
+    lines = ["", f"Parse mask (`--parse-mask`): ParseNet {parse['size']} px, {parse['gflop_per_face']} GFLOP/face, "
+             f"{parse['dtype']} on the same device (the pipeline's choice)"
+             + (f", mask IoU vs fp32 {iou:.4f}" if iou is not None else "") + f"; weights: {_cell(parse['weights'])}. "
+             "The + parse mask columns add its median ms/face at the same batch size (it runs after the generator).",
+             "", "| parse mask bs | ms/call | ms/face | faces/s | rel IQR | peak alloc MiB | peak reserved MiB "
+             "| warm-up s |", "|---|---|---|---|---|---|---|---|"]
+    for bs, b in parse["per_batch"].items():
+        if "error" in b:
+            lines.append(f"| {bs} | {_cell(b['error'])} |  |  |  |  |  |  |")
+            continue
+        lines.append(f"| {bs} | {b['median_ms']:.2f} | {b['ms_per_face']:.2f} | {b['faces_per_s']:.1f} "
+                     f"| {b['rel_iqr'] * 100:.1f}% | {_num(b['peak_allocated_mib'], '{:,.0f}')} "
+                     f"| {_num(b['peak_reserved_mib'], '{:,.0f}')} | {b['warmup_s']:.1f} |")
+    return lines
+
+
 def plot(result: dict, path: Path) -> None:
-    """Three panels per measured row: ms/face at bs1, best faces/s, peak allocated MiB at the best batch."""
+    """Three panels per measured row: ms/face at bs1, best faces/s, peak allocated MiB at the best batch; with the
+    parse mask measured, the first two also show generator + parse mask (a second, lighter bar per row)."""
     import matplotlib  # optional: matplotlib (the plot only)
 
     matplotlib.use("Agg")
@@ -123,20 +169,23 @@ def plot(result: dict, path: Path) -> None:
     on_gpu = any(b["peak_allocated_mib"] is not None for r in rows for b in r["per_batch"].values())
     if on_gpu:
         memory = ("peak allocated MiB at batch 1", [r["per_batch"].get("1", {}).get("peak_allocated_mib") or 0
-                                                     for r in rows])
+                                                     for r in rows], None)
     else:
         memory = ("activation peak MiB at batch 1 (traced, CPU)",
-                  [r.get("traced_activation_peak_mib_bs1") or 0 for r in rows])
+                  [r.get("traced_activation_peak_mib_bs1") or 0 for r in rows], None)
+    parse = _parse(result)
+    both = [r.get("with_parse_mask") or {} for r in rows]
     panels = [
-        ("ms / face at batch 1 (lower is better)", [r["ms_per_face_bs1"] or 0 for r in rows]),
-        ("faces / s at the best batch (higher is better)", [r["best_faces_per_s"] for r in rows]),
+        ("ms / face at batch 1 (lower is better)", [r["ms_per_face_bs1"] or 0 for r in rows],
+         [b.get("ms_per_face_bs1") or 0 for b in both] if parse else None),
+        ("faces / s at the best batch (higher is better)", [r["best_faces_per_s"] for r in rows],
+         [b.get("best_faces_per_s") or 0 for b in both] if parse else None),
         memory,
     ]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 0.45 * max(len(rows), 3) + 1.8))
-    for ax, (title, values) in zip(axes, panels, strict=True):
-        bars = ax.barh(names, values, color="#4878a8")
-        ax.bar_label(bars, fmt="%.4g", fontsize=7, padding=2)
-        if needs_log_scale(values):
+    fig, axes = plt.subplots(1, 3, figsize=(16, (0.7 if parse else 0.45) * max(len(rows), 3) + 1.8))
+    for ax, (title, values, with_parse) in zip(axes, panels, strict=True):
+        _bars(ax, names, values, with_parse)
+        if needs_log_scale(values + (with_parse or [])):
             ax.set_xscale("log")
             title += " [log scale]"
         ax.invert_yaxis()
@@ -144,10 +193,24 @@ def plot(result: dict, path: Path) -> None:
         ax.grid(axis="x", alpha=0.3)
     meta = result["meta"]
     fig.suptitle(f"gpen-tune bench: {meta['model']} on {meta.get('device_name', meta['device_type'])} "
-                 f"(torch {meta['torch']})", fontsize=11)
+                 f"(torch {meta['torch']})" + (f"; parse mask {parse['dtype']}" if parse else ""), fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
+
+
+def _bars(ax, names: list[str], values: list[float], with_parse: list[float] | None) -> None:
+    """One bar per row, or two (generator alone, generator + parse mask) with a legend."""
+    if with_parse is None:
+        ax.bar_label(ax.barh(names, values, color="#4878a8"), fmt="%.4g", fontsize=7, padding=2)
+        return
+    ys = list(range(len(names)))
+    alone = ax.barh([y - 0.2 for y in ys], values, height=0.4, color="#4878a8", label="generator")
+    plus = ax.barh([y + 0.2 for y in ys], with_parse, height=0.4, color="#a8c4de", label="+ parse mask")
+    for bars in (alone, plus):
+        ax.bar_label(bars, fmt="%.4g", fontsize=7, padding=2)
+    ax.set_yticks(ys, names)
+    ax.legend(fontsize=7, loc="best")
 
 
 LOG_SCALE_RATIO = 10.0

@@ -7,6 +7,8 @@ Per row: a fresh copy of the fp32 model on the device, `build_restorer(row confi
    averages), `warmup` more calls, then `repeats` timed calls (CUDA events, synchronised), median and relative IQR;
    peak allocated / reserved memory of the timed calls; max-abs of the batch output vs the same faces at batch 1;
 3. on CUDA with the pipeline present: detector + generator in one process (see detector_memory).
+With `parse_mask`, the pipeline's ParseNet paste mask is timed first on the same crops and batch sizes, and every
+row also reports generator + parse mask (see parse_cost).
 A row whose switches do not apply on the device is skipped with the reason.
 
 `on_progress(result)` is called after every row with the rows so far (table order, `meta.complete` False), so
@@ -32,6 +34,7 @@ import torch
 from gpen_tune.bench import detector_memory
 from gpen_tune.bench.inputs import load_faces
 from gpen_tune.bench.measure import MiB, max_abs, peaks, psnr, reset_memory, reset_peak, summary, time_calls, timed_once
+from gpen_tune.bench.parse_cost import add_parse_mask, measure_parser
 from gpen_tune.bench.rows import Row, select_rows
 from gpen_tune.load import load_model
 from gpen_tune.model.configs import MODELS, GPENConfig
@@ -65,6 +68,8 @@ class BenchSettings:
     custom: TuneConfig | None = None       # an extra row from --preset / switch flags
     custom_label: str = "custom"
     tf32: bool | None = None               # None = PyTorch's defaults (recorded); False = true fp32 convs/matmuls
+    parse_mask: bool = False               # also time the ParseNet paste mask (the pipeline's parser and dtype)
+    parse_weights: str | None = None       # its weights: None = the cached official file, else synthetic
     command: str = field(default_factory=lambda: " ".join(sys.argv))
 
 
@@ -182,6 +187,10 @@ def _run_bench(s: BenchSettings, log: Callable[[str], None], on_progress: Callab
         det_factory, det_label = detector_memory.detector_factory(s.detector, device)
         log(f"detector for the memory scenario: {det_label}")
     result["meta"]["detector"] = det_label
+    parse = None
+    if s.parse_mask:
+        parse = result["parse_mask"] = measure_parser(faces, device, s.batch_sizes, s.repeats, s.warmup,
+                                                      s.parse_weights, log)
     started = time.perf_counter()
     order = {r.name: i for i, r in enumerate(rows)}
     reference: torch.Tensor | None = None
@@ -212,6 +221,8 @@ def _run_bench(s: BenchSettings, log: Callable[[str], None], on_progress: Callab
             torch._dynamo.reset()
             reset_memory(device)
         outs = entry.pop("_outputs", None)
+        if parse is not None and parse["status"] == "ok" and entry["status"] == "ok":
+            add_parse_mask(entry, parse)
         if row.name == "default" and outs is not None:
             reference = outs
         if outs is not None and reference is not None:

@@ -29,7 +29,8 @@ from gpen_tune.tune.options import cli_flags
 EXAMPLES = """
 Examples:\n
   gpen-tune bench --model GPEN-BFR-512 --device cuda -o benchmarks/results\n
-  gpen-tune bench --model GPEN-BFR-256 --device cpu --rows default,amp,act_checkpoint --batch-sizes 1,2 -o out
+  gpen-tune bench --model GPEN-BFR-256 --device cpu --rows default,amp,act_checkpoint --batch-sizes 1,2 -o out\n
+  gpen-tune bench --model GPEN-BFR-512 --device cuda --rows default,preset:speed --parse-mask -o out
 """
 
 
@@ -54,6 +55,8 @@ def _command_line(ctx: typer.Context) -> str:
         long_opt = max(param.opts, key=len)
         if getattr(param, "is_flag", False) and getattr(param, "secondary_opts", None):
             parts.append(long_opt if value else max(param.secondary_opts, key=len))
+        elif getattr(param, "is_flag", False):
+            parts += [long_opt] if value else []
         else:
             parts += [long_opt, str(getattr(value, "value", value))]
     return shlex.join(parts)
@@ -96,6 +99,13 @@ def bench(
                                               "true fp32.", show_default=False)] = None,
     max_minutes: Annotated[float | None, typer.Option("--max-minutes", help="Skip the rows left once this much "
                                                       "time has passed (recorded in the results).")] = None,
+    parse_mask: Annotated[bool, typer.Option("--parse-mask", help="Also time the ParseNet paste mask on the same "
+                                             "crops, as the pipeline runs it (generator alone vs + parse mask).")]
+    = False,
+    parse_weights: Annotated[str | None, typer.Option("--parse-weights", metavar="PATH", help="The parse mask's "
+                                                      "weights: a ParseNet .pth or 'synthetic' (default: the "
+                                                      "cached official file, else synthetic); implies "
+                                                      "--parse-mask.")] = None,
     preset: PresetOpt = None,
     lazy_detector: LazyDetectorOpt = None,
     compile: CompileOpt = None,
@@ -137,7 +147,8 @@ def bench(
         rows=[r.strip() for r in rows.split(",") if r.strip()] if rows else None, repeats=repeats, warmup=warmup,
         inputs=str(inputs) if inputs is not None else None, max_faces=max_faces, compile_mode=compile_mode.value,
         amp=amp_dtype.value, cudnn_benchmark=cudnn_benchmark, max_minutes=max_minutes, custom=custom,
-        custom_label=custom_label, tf32=tf32,
+        custom_label=custom_label, tf32=tf32, parse_mask=parse_mask or parse_weights is not None,
+        parse_weights=parse_weights,
         command=_command_line(ctx),
     )
 

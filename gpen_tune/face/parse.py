@@ -5,10 +5,12 @@ classes 0 (background), 14 (hat) and 18 (cloth) are dropped (upstream GPEN's pas
 `ParseNet` built with upstream's configuration; upstream's `ParseNet-latest.pth` and facexlib's
 `parsing_parsenet.pth` share one key layout (both are the PSFR-GAN parsing net: encoder / body / decoder /
 out_img_conv / out_mask_conv, blocks named conv2d and norm.norm), so both load strictly without renaming; a
-DataParallel `module.` prefix or a one-entry wrapper dict is undone first.
+DataParallel `module.` prefix or a one-entry wrapper dict is undone first. Weights "synthetic" are a seeded random
+ParseNet in that layout (benchmarks time the mask offline; its cost does not depend on the weights).
 
 The whole mask runs batched on the parser's device, without host syncs: resize to 512, forward, argmax, class
-mask, feather (`gpen_tune.face.paste.feather_params`, widened per face like the default mask), resize back.
+mask, feather (`gpen_tune.face.paste.feather_params`, widened per face like the default mask: every face's border
+and kernel reach the device in one non-blocking upload, one grouped blur serves the batch), resize back.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from gpen_tune.face.paste import feather_params, feather_sigma
+from gpen_tune.ops.transfer import to_device_async
 from gpen_tune.weights.aux_files import cached_aux, ensure_aux_file
 from gpen_tune.weights.cache import WeightsNotFoundError
 
@@ -30,6 +33,10 @@ DROPPED_CLASSES = (0, 14, 18)        # background, hat, cloth
 PARSE_WEIGHTS = ("ParseNet-latest", "parsing_parsenet")    # registry entries, in order of preference
 UNAVAILABLE = "parse mask unavailable: feathered mask"
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+SYNTHETIC = "synthetic"
+SYNTHETIC_NOTICE = ("SYNTHETIC PARSE WEIGHTS: the paste mask is NOT a real face parsing (random ParseNet); "
+                    "pass --parse-weights PATH to ParseNet-latest.pth or parsing_parsenet.pth.")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class ParseMaskError(ValueError):
@@ -45,9 +52,9 @@ def parse_weights_file(weights: str | Path | None = None, download: bool = True)
             raise ParseMaskError(f"{path}: parsing weights file not found (pass --parse-weights PATH to a "
                                  "ParseNet .pth)")
         return path
-    for name in PARSE_WEIGHTS:
-        if cached_aux(name) is not None:
-            return ensure_aux_file(name, download=False, validate=_check_file)
+    cached = cached_parse_weights()
+    if cached is not None:
+        return cached
     failures = []
     for name in PARSE_WEIGHTS:
         try:
@@ -57,7 +64,31 @@ def parse_weights_file(weights: str | Path | None = None, download: bool = True)
     raise ParseMaskError(failures[0] + " (or pass --parse-weights PATH)")
 
 
-def _build_net() -> torch.nn.Module:
+def cached_parse_weights() -> Path | None:
+    """The first cached registry file (verified against its pin), or None; never downloads."""
+    for name in PARSE_WEIGHTS:
+        if cached_aux(name) is not None:
+            return ensure_aux_file(name, download=False, validate=_check_file)
+    return None
+
+
+def timing_parse_weights() -> Path | str:
+    """What a benchmark times the mask with: the cached official file, else SYNTHETIC (works offline)."""
+    return cached_parse_weights() or SYNTHETIC
+
+
+def parse_dtype(device: torch.device, precision: str = "auto") -> torch.dtype:
+    """The parser's compute dtype. "auto": fp32 on the CPU, where bf16 measured slower, and bf16 on CUDA, where
+    its masks agree with fp32's (IoU >= 0.99, tests/test_face_parse.py)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"parse precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "auto":
+        precision = "bf16" if device.type == "cuda" else "fp32"
+    return DTYPES[precision]
+
+
+def build_parse_net() -> torch.nn.Module:
+    """ParseNet with upstream's configuration (19 classes at PARSE_SIZE), random-initialised."""
     from facexlib.parsing.parsenet import ParseNet  # optional heavy dependency (facexlib)
 
     return ParseNet(in_size=PARSE_SIZE, out_size=PARSE_SIZE, min_feat_size=32, base_ch=64, parsing_ch=19,
@@ -78,29 +109,37 @@ def read_parse_state_dict(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _check_file(path: Path) -> None:
-    _build_net().load_state_dict(read_parse_state_dict(path), strict=True)
+    build_parse_net().load_state_dict(read_parse_state_dict(path), strict=True)
+
+
+def synthetic_parse_state_dict(seed: int = 0) -> dict[str, torch.Tensor]:
+    """A seeded random ParseNet in the official key layout (the caller's random state is left as it was)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build_parse_net().state_dict()
 
 
 class FaceParser:
     """Batched soft paste masks for restored crops, on the generator's device.
 
-    precision: "auto" (fp32 on the CPU, where bf16 measured slower, and bf16 on CUDA), "fp32", "bf16", "fp16".
+    weights: a ParseNet .pth, None (cached or downloaded registry file) or SYNTHETIC (seeded random network).
+    precision: see `parse_dtype` ("auto", "fp32", "bf16", "fp16").
     """
 
     def __init__(self, device: str | torch.device = "cpu", weights: str | Path | None = None,
                  precision: str = "auto", download: bool = True):
-        if precision not in PRECISIONS:
-            raise ValueError(f"parse precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-        path = parse_weights_file(weights, download)
-        net = _build_net()
-        try:
-            net.load_state_dict(read_parse_state_dict(path), strict=True)
-        except RuntimeError as e:
-            raise ParseMaskError(f"{path}: not ParseNet weights ({str(e).splitlines()[0]})") from None
         self.device = torch.device(device)
-        if precision == "auto":
-            precision = "bf16" if self.device.type == "cuda" else "fp32"
-        self.dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        self.dtype = parse_dtype(self.device, precision)
+        net = build_parse_net()
+        if weights == SYNTHETIC:
+            path: Path | str = SYNTHETIC
+            net.load_state_dict(synthetic_parse_state_dict(), strict=True)
+        else:
+            path = parse_weights_file(weights, download)
+            try:
+                net.load_state_dict(read_parse_state_dict(path), strict=True)
+            except RuntimeError as e:
+                raise ParseMaskError(f"{path}: not ParseNet weights ({str(e).splitlines()[0]})") from None
         self.weights = path
         self.net = net.to(self.device, self.dtype).eval().requires_grad_(False)
 
@@ -137,40 +176,39 @@ class FaceParser:
 
 
 def feather_device(masks: torch.Tensor, sigmas: Sequence[float | None]) -> torch.Tensor:
-    """`gpen_tune.face.paste.feather` on a batch [B, N, N] float32 on its device: faces with the same feather share
-    one separable blur (OpenCV's kernel and its reflect-101 border)."""
-    size = masks.shape[-1]
-    out = torch.empty_like(masks)
-    groups: dict[tuple[int, float, int], list[int]] = {}
-    for i, s in enumerate(sigmas):
-        groups.setdefault(feather_params(size, s), []).append(i)
-    for (border, sigma, ksize), idx in groups.items():
-        m = masks[idx].clone()
-        m[:, :border] = 0
-        m[:, -border:] = 0
-        m[:, :, :border] = 0
-        m[:, :, -border:] = 0
-        k = torch.from_numpy(cv2.getGaussianKernel(ksize, sigma).astype(np.float32).ravel()).to(m.device)
-        x = m[:, None]
-        for _ in range(2):
-            x = _blur_1d(_blur_1d(x, k, dim=3), k, dim=2)
-        out[idx] = x[:, 0]
-    return out
-
-
-def _blur_1d(x: torch.Tensor, kernel: torch.Tensor, dim: int) -> torch.Tensor:
-    half = kernel.numel() // 2
-    if dim == 3:
-        return F.conv2d(F.pad(x, (half, half, 0, 0), mode="reflect"), kernel.view(1, 1, 1, -1))
-    return F.conv2d(F.pad(x, (0, 0, half, half), mode="reflect"), kernel.view(1, 1, -1, 1))
+    """`gpen_tune.face.paste.feather` on a batch [B, N, N] float32 on its device, without host syncs: every face's
+    cleared border and blur kernel (OpenCV's, zero-padded to the batch's widest, centred) go up in one pinned
+    upload; one grouped separable blur (reflect-101 border, as OpenCV's) serves all faces."""
+    b, size = masks.shape[0], masks.shape[-1]
+    params = [feather_params(size, s) for s in sigmas]
+    width = max(ksize for _, _, ksize in params)
+    table = np.zeros((b, 1 + width), np.float32)        # per face: border, then its kernel in `width` taps
+    for i, (border, sigma, ksize) in enumerate(params):
+        start = 1 + (width - ksize) // 2
+        table[i, 0] = border
+        table[i, start:start + ksize] = cv2.getGaussianKernel(ksize, sigma).ravel()
+    table_device = to_device_async(table, masks.device)
+    borders, kernels = table_device[:, :1], table_device[:, 1:]
+    pos = torch.arange(size, device=masks.device, dtype=torch.float32)
+    inside = (pos >= borders) & (pos < size - borders)                         # [B, N]
+    x = torch.where(inside[:, :, None] & inside[:, None, :], masks, 0.0)[None]  # [1, B, N, N]: faces as channels
+    across, down = kernels.view(b, 1, 1, width), kernels.view(b, 1, width, 1)
+    half = width // 2
+    for _ in range(2):
+        x = F.conv2d(F.pad(x, (half, half, 0, 0), mode="reflect"), across, groups=b)
+        x = F.conv2d(F.pad(x, (0, 0, half, half), mode="reflect"), down, groups=b)
+    return x[0]
 
 
 def load_parser(mode: bool | None, device: str | torch.device, weights: str | Path | None = None,
                 notify: Callable[[str], None] | None = None, precision: str = "auto") -> FaceParser | None:
     """The parser for settings.parse_mask: None = when available (else `notify(UNAVAILABLE)` once and None),
-    True = required (ParseMaskError, one line, when its weights are missing), False = none."""
+    True = required (ParseMaskError, one line, when its weights are missing), False = none. Weights SYNTHETIC
+    are said loudly (`notify(SYNTHETIC_NOTICE)`), as the generator's."""
     if mode is False:
         return None
+    if weights == SYNTHETIC and notify is not None:
+        notify(SYNTHETIC_NOTICE)
     try:
         return FaceParser(device, weights, precision=precision)
     except ParseMaskError:

@@ -273,25 +273,30 @@ class Stages:
         return result if alpha is pic.alpha else replace(result, alpha=alpha)
 
     def _paste_device(self, job: ImageJob, restored_device: Sequence[Any]) -> np.ndarray:
+        """Parse masks (one batch) and paste on one stream off the generator's, so the paste reads finished masks;
+        the parse step's time is its GPU time (events), read after the paste's one synchronisation."""
         s = self.settings
         inverses = [face.inverse for face in job.faces]
-        if self.parser is not None:          # one batch on the generator's device, no host sync
-            t = time.perf_counter()
-            masks = list(self.parser.masks_device(torch.stack(list(restored_device)), inverses).unbind(0))
-            job.add_time("parse", time.perf_counter() - t)
-        else:
-            masks = [default_mask(dev.shape[0], inv) for dev, inv in zip(restored_device, inverses, strict=True)]
-        faces = [DeviceFace(dev, face.inverse, mask,
-                            soften=s.soften_small_faces and face.detection is not None
-                            and is_small_face(face.detection.box))
-                 for face, dev, mask in zip(job.faces, restored_device, masks, strict=True)]
-        if self.save_mask:
-            job.blend_weights = blend_weights(job.picture.rgb.shape[:2], faces, s.strength)
-        stream = thread_stream(restored_device[0].device)          # off the generator's stream
+        stream = thread_stream(restored_device[0].device)
         with torch.cuda.stream(stream):
+            if self.parser is not None:          # one batch on the generator's device, no host sync
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(stream)
+                masks = list(self.parser.masks_device(torch.stack(list(restored_device)), inverses).unbind(0))
+                end.record(stream)
+            else:
+                masks = [default_mask(dev.shape[0], inv) for dev, inv in zip(restored_device, inverses, strict=True)]
+            faces = [DeviceFace(dev, face.inverse, mask,
+                                soften=s.soften_small_faces and face.detection is not None
+                                and is_small_face(face.detection.box))
+                     for face, dev, mask in zip(job.faces, restored_device, masks, strict=True)]
+            if self.save_mask:
+                job.blend_weights = blend_weights(job.picture.rgb.shape[:2], faces, s.strength)
             pixels = paste_faces_device(job.picture.rgb, faces, s.strength, base_device=job.image_device,
                                         impl=self.paste_impl)
         stream.synchronize()
+        if self.parser is not None:
+            job.add_time("parse", start.elapsed_time(end) / 1000.0)
         return pixels
 
     def _blend_aligned(self, pic: Picture, face: FaceCrop) -> np.ndarray:

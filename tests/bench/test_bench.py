@@ -141,6 +141,55 @@ def test_bench_bad_inputs_fail_with_one_line_and_write_nothing(tmp_path):
     assert not out.exists()
 
 
+@pytest.fixture()
+def offline_empty_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPEN_TUNE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("GPEN_TUNE_OFFLINE", "1")
+
+
+@pytest.mark.slow
+def test_parse_mask_is_timed_on_the_same_crops_next_to_the_generator(crops_dir, tmp_path, offline_empty_cache):
+    """--parse-mask without cached ParseNet weights: a synthetic ParseNet (said so), in the pipeline's dtype,
+    timed at the bench's batch size; every row gets generator + parse mask numbers, the table their columns."""
+    pytest.importorskip("facexlib")
+    out = tmp_path / "out"
+    result = CliRunner().invoke(cli(), ["bench", "--model", "tiny32", "--device", "cpu", "--inputs", str(crops_dir),
+                                        "--batch-sizes", "1", "--rows", "default,amp", "--repeats", "1",
+                                        "--warmup", "0", "--parse-mask", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "parse mask: ParseNet 512 px, float32 on cpu, weights: synthetic" in result.output
+    data = json.loads(next(out.glob("*.json")).read_text())
+    parse = data["parse_mask"]
+    assert parse["status"] == "ok" and parse["synthetic"] and parse["dtype"] == "float32"
+    assert parse["mask_iou_vs_fp32"] is None and parse["gflop_per_face"] > 100      # fp32 on the CPU: no IoU
+    alone = parse["per_batch"]["1"]
+    assert alone["ms_per_face"] > 0 and alone["faces_per_s"] == pytest.approx(1000 / alone["ms_per_face"])
+    assert data["meta"]["command"].endswith(" --parse-mask") and data["settings"]["parse_mask"] is True
+    for row in data["rows"]:
+        assert row["status"] == "ok"
+        both = row["with_parse_mask"]
+        want = row["per_batch"]["1"]["ms_per_face"] + alone["ms_per_face"]
+        assert both["ms_per_face_bs1"] == pytest.approx(want) and both["best_batch"] == 1
+        assert both["best_faces_per_s"] == pytest.approx(1000 / want)
+    md = next(out.glob("*.md")).read_text()
+    assert "| ms/face bs1 + parse mask | faces/s + parse mask (best bs) |" in md
+    assert "Parse mask (`--parse-mask`): ParseNet 512 px" in md and "weights: synthetic" in md
+    assert "| parse mask bs | ms/call |" in md
+    with Image.open(next(out.glob("*.png"))) as png:
+        assert png.format == "PNG"
+
+
+def test_bad_parse_weights_fail_with_one_line_and_write_nothing(crops_dir, tmp_path):
+    out = tmp_path / "out"
+    missing = tmp_path / "missing.pth"
+    result = CliRunner().invoke(cli(), ["bench", "--model", "tiny32", "--device", "cpu", "--inputs", str(crops_dir),
+                                        "--batch-sizes", "1", "--rows", "default", "--parse-weights", str(missing),
+                                        "-o", str(out)])
+    assert result.exit_code != 0
+    assert "missing.pth: parsing weights file not found" in result.output
+    assert not out.exists()
+
+
 def test_unknown_row_is_refused_with_the_list():
     with pytest.raises(ValueError, match="choose from default, 1, 1\\+2"):
         select_rows(["default", "warp-speed"])
