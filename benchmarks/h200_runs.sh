@@ -62,6 +62,7 @@
 #   tests-low-memory                      run 2026-12-02 00:48 UTC: all GPU tests with tracebacks and JUnit XML; 4 GB mode on 64 photos (~3 min)
 #   low-memory-where                      run 2026-12-02 00:54 UTC: the fixed GPU-cut test; 4 GB mode on 24 photos: where the peak goes (memory history), batch 1, CPU paste, expandable segments (~2 min)
 #   low-memory-after                      run 2026-12-02 01:00 UTC: 4 GB mode after the detector's memory-sized calls and batch 1: tests; 64 photos low-memory (memory history), expandable segments, auto (~2 min)
+#   parse-cost-tests                      the parse mask's cost: bench GPEN-BFR-512 with --parse-mask; the 6.8 MP group photo with and without it; all GPU tests (~7 min)
 #   low-memory-paste-tests                run 2026-12-02 01:05 UTC: 4 GB mode with the CPU paste and cuDNN's workspace sized on small GPUs: 64 photos (memory history), auto, 256 photos; all GPU tests (~5 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -601,6 +602,19 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
       2>&1 | tail -80 >> "$LOG"
     timeout 50 "$PY" benchmarks/low_memory.py --photos 64 --preset auto --out "$DEST" 2>&1 | grep -E "mib|failed|preset" >> "$LOG"
     timeout 90 "$PY" benchmarks/low_memory.py --photos 256 --out "$DEST" 2>&1 | grep -E "mib|failed|faces" >> "$LOG"
+    step "GPU tests (all)"
+    timeout 200 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider -rfEs --tb=short \
+      --junitxml="$DEST/gpu-tests.xml" 2>&1 | grep -v -i warn | tail -60 >> "$LOG"
+    ;;
+  parse-cost-tests)
+    step "bench GPEN-BFR-512 default and preset speed, with the parse mask (synthetic ParseNet weights)"
+    timeout 200 "$PY" -m gpen_tune bench --model GPEN-BFR-512 --device cuda --rows default,preset:speed --parse-mask \
+      --batch-sizes 1,8,32 --repeats 5 --warmup 2 --max-minutes 2.5 -o "$DEST" 2>&1 | tail -40 >> "$LOG"
+    step "6.8 MP group photo (Solvay x3, 29 faces), preset speed, with and without the parse mask"
+    for mask in --parse-mask --no-parse-mask; do
+      timeout 70 "$PY" benchmarks/group_photo.py --image .data/solvay_conference_1927.png --model GPEN-BFR-512 \
+        --preset speed --repeats 5 $mask --out "$DEST" 2>&1 | tail -24 >> "$LOG"
+    done
     step "GPU tests (all)"
     timeout 200 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider -rfEs --tb=short \
       --junitxml="$DEST/gpu-tests.xml" 2>&1 | grep -v -i warn | tail -60 >> "$LOG"
