@@ -216,13 +216,14 @@ def test_cuda_masks_make_no_host_sync(faces):
 
 @pytest.mark.gpu
 def test_cuda_device_paste_through_the_parse_mask_matches_the_host_paste(tmp_path):
-    """The parse mask and the paste on the device (threaded, --paste gpu) against the serial host paste with the
-    same parser, <= 2 grey levels; both record the parse step's time."""
+    """The parse mask and the paste on the device (--paste gpu) against the host paste (--paste cpu) with the same
+    parser and the same batches (serial runs: the generator sees the same faces together), <= 2 grey levels; both
+    record the parse step's time."""
     import cv2
 
     from gpen_tune.load import load_model
     from gpen_tune.model.configs import GPENConfig
-    from gpen_tune.pipeline import EnhanceSettings, Pipeline, SchedulerConfig, enhance
+    from gpen_tune.pipeline import EnhanceSettings, Pipeline, enhance
 
     folder = tmp_path / "in"
     folder.mkdir()
@@ -230,10 +231,10 @@ def test_cuda_device_paste_through_the_parse_mask_matches_the_host_paste(tmp_pat
         cv2.imwrite(str(folder / f"{i}.png"), np.ascontiguousarray(img[..., ::-1]))
     model = load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cuda")
     common = dict(device="cuda", detector="mtcnn", batch_size=8, parse_mask=True, parse_weights=SYNTHETIC)
-    host = Pipeline(EnhanceSettings(**common), model=model)
+    host = Pipeline(EnhanceSettings(**common, paste="cpu"), model=model)
     device = Pipeline(EnhanceSettings(**common, paste="gpu"), model=model)
     serial = enhance(folder, tmp_path / "s", pipeline=host, serial=True, ext="png").summary
-    piped = enhance(folder, tmp_path / "p", pipeline=device, config=SchedulerConfig(workers=2), ext="png").summary
+    piped = enhance(folder, tmp_path / "p", pipeline=device, serial=True, ext="png").summary
     assert piped.faces == serial.faces >= 7
     for a, b in zip(serial.results, piped.results, strict=True):
         x, y = cv2.imread(str(a.output)).astype(int), cv2.imread(str(b.output)).astype(int)
