@@ -22,9 +22,13 @@ devices. Neither choice could be timed on several GPUs here: `benchmarks/scaling
 Failures. An error that is the device's (a CUDA error, a lost device: `is_device_failure`) marks the device lost:
 its restorer refuses further batches (`GuardedRestorer`), its lane takes no more inputs, and every input that failed
 on it is queued again for the other devices; an input that fails on its own (a bad file) fails the same way on any
-device and is reported once. Ordered sinks (video encoders) get results in source order through `_Reorder`; a
-source with a tracker (video: tracking needs every frame's detections in order) runs on one device, the first
-that is not lost, since frames of one video spread over devices would need a cross-device tracking step.
+device and is reported once. A lane that fails otherwise (its thread raised, a thread of its scheduler failed; a
+worker process that died, killed or crashed: `workers.py`) is lost the same way, with the reason in
+`device_summary` (a worker's exit code and signal), and every input it had taken without a result goes to the
+others; once no device is left, each input still queued fails with one line. Ordered sinks (video encoders) get
+results in source order through `_Reorder`; a source with a tracker (video: tracking needs every frame's
+detections in order) runs on one device, the first that is not lost, since frames of one video spread over devices
+would need a cross-device tracking step.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import heapq
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -143,6 +148,16 @@ class _Shared:
             heapq.heappush(self.pending, index)
             self.cond.notify_all()
 
+    def hand_on(self, lane: Lane, source: _LaneSource) -> None:
+        """A failed lane's inputs without a result (and not given back already) go back in the queue."""
+        with self.cond:
+            for index in source.taken:
+                if index not in self.results and index not in source.handed_on:
+                    source.handed_on.add(index)
+                    heapq.heappush(self.pending, index)
+                    lane.retried += 1
+            self.cond.notify_all()
+
 
 class _LaneSource:
     """The shared queue as one device's source; remembers which input each local position is."""
@@ -150,6 +165,7 @@ class _LaneSource:
     def __init__(self, shared: _Shared, lane: Lane, ordered: bool):
         self.shared, self.lane, self.ordered = shared, lane, ordered
         self.taken: list[int] = []
+        self.handed_on: set[int] = set()            # taken, then queued again for the other devices
 
     def __iter__(self) -> Iterator[SourceItem]:
         while (index := self.shared.take(self.lane)) is not None:
@@ -376,8 +392,6 @@ class DevicePool:
     def _round(self, lanes: list[Lane], shared: _Shared, sink: Sink, reorder: _Reorder | None, ordered: bool,
                serial: bool, config: SchedulerConfig, on_result, on_faces, save_faces: bool) -> None:
         """One thread per device until the queue is empty; a lost device's failed inputs go back in it."""
-        errors: list[BaseException] = []
-
         def work(lane: Lane) -> None:
             lane_source = _LaneSource(shared, lane, ordered)
             lane_sink = _LaneSink(sink, lane_source, reorder)
@@ -388,6 +402,7 @@ class DevicePool:
                     lane.lose(job.error)
                 if job.status in ("error", "dropped") and lane.lost and not shared.stopped:
                     lane.retried += 1
+                    lane_source.handed_on.add(index)
                     shared.give_back(index)          # another device takes it (the same input, the same way)
                     return
                 job.index = index
@@ -406,16 +421,23 @@ class DevicePool:
                 summary = lane.pipeline.run(lane_source, lane_sink, serial=serial, config=config, on_result=settle,
                                             on_faces=self._counting(lane, on_faces), save_faces=save_faces,
                                             save_mask=self._save_mask)
-                if summary.interrupted:
-                    shared.stopped = True
+                if summary.interrupted and not shared.stopped:
+                    # Ctrl-C reaches the main thread, which stops the shared queue first; a lane's run that ends
+                    # interrupted on its own had one of its threads fail (the scheduler printed the traceback)
+                    lane.lose("lane failed: a thread of its pipeline stopped with an error (traceback above)")
+                    shared.hand_on(lane, lane_source)
+                elif summary.interrupted:
                     for local, job in enumerate(summary.results):     # taken but never started: dropped
                         index = lane_source.taken[local] if local < len(lane_source.taken) else None
                         if index is not None and index not in shared.results:
                             job.index = index
                             shared.results[index] = job
-            except BaseException as e:               # a bug or an interrupt: stop the others too
-                errors.append(e)
+            except KeyboardInterrupt:                # stop the others too
                 shared.stopped = True
+            except BaseException as e:               # a bug in this lane: the others take its inputs, as for a loss
+                traceback.print_exc()
+                lane.lose(f"lane failed: {type(e).__name__}: {' '.join(str(e).split())}")
+                shared.hand_on(lane, lane_source)
             finally:
                 lane.busy_s += time.perf_counter() - t
 
@@ -431,5 +453,3 @@ class DevicePool:
             shared.stopped = True
             for th in threads:
                 th.join()
-        if errors and not isinstance(errors[0], KeyboardInterrupt):
-            raise errors[0]

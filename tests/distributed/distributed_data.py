@@ -1,8 +1,11 @@
 """Shared inputs of the scale-out tests: a small mixed folder (faces, no face, a broken file), the settings of a
-GPEN-BFR-256 generator from an official-layout checkpoint, and output comparison within 1 grey level."""
+GPEN-BFR-256 generator from an official-layout checkpoint, output comparison within 1 grey level, and restorers
+whose device is lost, whose lane fails or whose worker process is killed."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from pathlib import Path
 
@@ -93,3 +96,37 @@ class LosingFactory:
 
     def __call__(self) -> LosesDevice:
         return LosesDevice(self.after)
+
+
+class LaneStop(BaseException):
+    """Not an `Exception`: the scheduler's stage threads let it through, as a bug in the scheduler itself."""
+
+
+class FailsLane(Restorer):
+    """A CPU restorer whose first batch raises `error` (a bug, not a device failure): it ends its lane's run."""
+
+    def __init__(self, error: BaseException, failed: threading.Event):
+        super().__init__(cpu_model(), device="cpu", size=256, max_batch=3)
+        self.error, self.failed = error, failed
+
+    def submit(self, crops, download: bool = True):
+        self.failed.set()
+        raise self.error
+
+
+class KillsItsProcess(Restorer):
+    """A CPU restorer that SIGKILLs its own process at its first batch, as the OOM killer would."""
+
+    def __init__(self) -> None:
+        super().__init__(cpu_model(), device="cpu", size=256, max_batch=3)
+
+    def submit(self, crops, download: bool = True):
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("SIGKILL did not end this process")
+
+
+class KillingFactory:
+    """Builds a `KillsItsProcess` inside a worker process (picklable)."""
+
+    def __call__(self) -> KillsItsProcess:
+        return KillsItsProcess()

@@ -1,5 +1,5 @@
-"""`--devices` on CPU stand-in devices: one shared queue, outputs equal to one device, a lost device's work retried
-on another, ordered sinks written in source order, the per-device summary."""
+"""`--devices` on CPU stand-in devices: one shared queue, outputs equal to one device, a lost device's (or a failed
+lane's) work retried on another, ordered sinks written in source order, the per-device summary."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import pytest
 from distributed_data import (
     BROKEN,
     EXT,
+    FailsLane,
+    LaneStop,
     LosesDevice,
     WaitsForLoss,
     assert_same_outputs,
@@ -72,6 +74,26 @@ def test_lost_device_work_is_retried_on_the_other(plain, tmp_path: Path) -> None
     assert second["lost"] is None and second["faces"] == result.summary.faces
     assert again.exit_code == 0 and first_again["images"] == first["images"]
     assert second_again["images"] == second["images"] + 1
+
+
+@pytest.mark.parametrize("serial, error, reason", [
+    (True, TypeError("a bug in the restorer"), "lane failed: TypeError: a bug in the restorer"),
+    (False, LaneStop("a stage thread fails"), "lane failed: a thread of its pipeline stopped with an error"),
+], ids=["serial-lane-raises", "threaded-stage-fails"])
+def test_a_failed_lane_hands_its_inputs_on(plain, tmp_path: Path, serial: bool, error: BaseException,
+                                           reason: str) -> None:
+    """A lane whose run raises (serial) or whose scheduler thread fails (threaded): the other lane does its inputs,
+    the files are those of one pipeline, the summary names the failed lane."""
+    folder, outputs, status = plain
+    failed = threading.Event()
+    with DevicePool(settings(), devices=["cpu", "cpu"], restorers=[FailsLane(error, failed),
+                                                                   WaitsForLoss(failed)]) as pool:
+        result = enhance([folder], tmp_path / "out", ext=EXT, pipeline=pool, config=SMALL, serial=serial)
+        first, second = pool.device_summary()
+    assert_same_outputs(read_outputs(tmp_path / "out"), outputs)
+    assert statuses(result) == status and result.exit_code == 1 and not result.summary.interrupted
+    assert first["lost"].startswith(reason) and first["retried_elsewhere"] >= 1 and first["faces"] == 0
+    assert second["lost"] is None and second["faces"] == result.summary.faces > 0
 
 
 def test_every_device_lost_fails_each_input_in_one_line(tmp_path: Path) -> None:
