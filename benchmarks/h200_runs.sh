@@ -62,7 +62,7 @@
 #   tests-low-memory                      run 2026-12-02 00:48 UTC: all GPU tests with tracebacks and JUnit XML; 4 GB mode on 64 photos (~3 min)
 #   low-memory-where                      run 2026-12-02 00:54 UTC: the fixed GPU-cut test; 4 GB mode on 24 photos: where the peak goes (memory history), batch 1, CPU paste, expandable segments (~2 min)
 #   low-memory-after                      run 2026-12-02 01:00 UTC: 4 GB mode after the detector's memory-sized calls and batch 1: tests; 64 photos low-memory (memory history), expandable segments, auto (~2 min)
-#   parse-cost-tests                      the parse mask's cost: bench GPEN-BFR-512 with --parse-mask; the 6.8 MP group photo with and without it; all GPU tests (~7 min)
+#   parse-cost-tests                      run 2026-12-02 01:29 UTC: the parse mask's cost: bench GPEN-BFR-512 with --parse-mask; the 6.8 MP group photo with and without it; all GPU tests (~7 min)
 #   low-memory-paste-tests                run 2026-12-02 01:05 UTC: 4 GB mode with the CPU paste and cuDNN's workspace sized on small GPUs: 64 photos (memory history), auto, 256 photos; all GPU tests (~5 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."

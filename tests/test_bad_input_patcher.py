@@ -328,6 +328,7 @@ def reset(checkout: Path, original: dict) -> None:
     assert tree(checkout) == original
 
 
+@pytest.mark.slow
 def test_a_failure_at_every_step_changes_nothing(world):
     """Up to the commit point a failed step rolls everything back; after it (cleanup) a step is retried."""
     checkout, outside = world
@@ -482,6 +483,7 @@ def run_tool(*args: str) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow
 def test_two_concurrent_applies_with_different_only_never_corrupt_the_tree(world):
     checkout, _ = world
     original = tree(checkout)

@@ -57,6 +57,7 @@ def bench_run(crops_dir, tmp_path_factory):
     return result, out
 
 
+@pytest.mark.slow
 def test_bench_writes_json_markdown_and_png(bench_run):
     result, out = bench_run
     assert result.exit_code == 0, result.output
@@ -108,6 +109,7 @@ def test_bench_writes_json_markdown_and_png(bench_run):
     assert "fp32 default: fp32" in md and "Partial" not in md
 
 
+@pytest.mark.slow
 def test_every_finished_row_is_on_disk_before_the_next_one_starts(crops_dir, tmp_path):
     """A run killed by an outer timeout keeps what it finished: JSON + markdown after every row (atomic)."""
     from gpen_tune.bench import BenchSettings, run_bench, write_outputs

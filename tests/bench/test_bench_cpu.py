@@ -65,6 +65,7 @@ def crops_dir(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_default_rows_on_the_cpu_run_and_write_json_table_and_plot(crops_dir, tmp_path):
     """The default row set at batch 1 on the CPU (tiny generator): GPU-only and compile rows skipped with their
     reasons, the fp16 row skipped exactly when this CPU has no native fp16, the rest measured; outputs written."""

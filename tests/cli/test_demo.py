@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from gpen_tune.cli import app
 
 
+@pytest.mark.slow
 def test_demo_runs_auto_preset_and_prints_the_stage_table(tmp_path):
     res = CliRunner().invoke(app, ["demo", "-o", str(tmp_path), "--model", "GPEN-BFR-256", "--weights", "synthetic",
                                    "--detector", "mtcnn", "--device", "cpu"], catch_exceptions=False)

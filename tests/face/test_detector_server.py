@@ -34,6 +34,7 @@ class _GatedDetector:
         return self.inner.detect(images)
 
 
+@pytest.mark.slow
 def test_detector_server_batches_waiting_callers_and_isolates_failures():
     from gpen_tune.face.detect import BatchingDetector
 
@@ -70,6 +71,7 @@ def test_detector_server_batches_waiting_callers_and_isolates_failures():
         server.detect([photos[0]])
 
 
+@pytest.mark.slow
 def test_detector_server_shrinks_in_the_callers_thread_with_identical_detections():
     from face_testdata import mtcnn
 

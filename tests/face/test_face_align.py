@@ -50,6 +50,7 @@ def test_umeyama_recovers_an_exact_similarity(angle, scale, shift):
     np.testing.assert_allclose(np.vstack([inv, [0, 0, 1]]) @ np.vstack([m, [0, 0, 1]]), np.eye(3), atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_umeyama_equals_independent_fit_on_real_landmarks():
     from skimage.transform import SimilarityTransform

@@ -48,6 +48,7 @@ def test_mosaic_every_face_found_once():
     assert sorted(hit) == list(range(6))                      # one face per tile, none missed, none doubled
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_solvay_at_least_25_of_29_faces():
     path = solvay_path()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from clips import make_clip
 
 from gpen_tune.video import VideoReader
@@ -27,6 +28,7 @@ def _peak_growth(path) -> int:
     return max(peak, _rss()) - start
 
 
+@pytest.mark.slow
 def test_rss_does_not_grow_with_the_frame_count(tmp_path):
     short = make_clip(tmp_path / "short.mkv", 150, audio=False, subtitles=False)
     long = make_clip(tmp_path / "long.mkv", 600, audio=False, subtitles=False)
