@@ -35,97 +35,32 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from generator_variants import VARIANTS, SkipRow, build_variant, plan  # noqa: E402
+
 from gpen_tune.load import load_model  # noqa: E402
 from gpen_tune.model import MODELS, GPENConfig  # noqa: E402
-from gpen_tune.model.fused import fuse  # noqa: E402
 from gpen_tune.model.reference import reference_forward  # noqa: E402
 
-PEAK_TFLOPS_BF16 = 790.0  # dense bf16 GEMM measured on this workplace's H200s (device/KINDS.md, 2026-10-28/11-04)
+PEAK_TFLOPS_BF16 = 790.0  # dense bf16 GEMM rate measured on an H200 (the roofline the report compares to)
 MIB = 2**20
-
-# name -> how to build it. kind: reference | model (FullGenerator as is) | fused (gpen_tune.model.fused.fuse)
-VARIANTS: dict[str, dict] = {
-    "reference_fp32": dict(kind="reference", dtype="fp32"),
-    "model_fp32": dict(kind="model", dtype="fp32"),
-    "fused_bf16_triton": dict(kind="fused", dtype="bf16", flags=dict(impl="triton"), cuda=True),
-    "fused_bf16_triton_graph": dict(kind="fused", dtype="bf16", flags=dict(impl="triton"), graph=True, cuda=True),
-    "fused_fp16_triton": dict(kind="fused", dtype="fp16", flags=dict(impl="triton"), cuda=True),
-    "fused_fp16_triton_graph": dict(kind="fused", dtype="fp16", flags=dict(impl="triton"), graph=True,
-                                    cuda=True),
-    "fused_bf16_triton_nobench": dict(kind="fused", dtype="bf16", flags=dict(impl="triton"), cuda=True,
-                                      cudnn_benchmark=False),
-    "fused_bf16_torch": dict(kind="fused", dtype="bf16", flags=dict(impl="torch")),
-    "fused_fp32_triton": dict(kind="fused", dtype="fp32", flags=dict(impl="triton"), cuda=True),
-    "fused_bf16_compile": dict(kind="fused", dtype="bf16", flags=dict(impl="torch"), compile=True,
-                               min_left_s=120),
-    "fused_bf16_compile_graph": dict(kind="fused", dtype="bf16", flags=dict(impl="torch"), compile=True,
-                                     graph=True, min_left_s=90),
-    "model_bf16_compile": dict(kind="model", dtype="bf16", compile=True, min_left_s=90),
-}
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def plan(quick: bool, tiny: bool) -> list[tuple[str, str, tuple[int, ...]]]:
-    """(model key, variant, batch sizes), most important first (the time budget cuts from the end)."""
-    if tiny:
-        b = (1, 2)
-        return [("main", v, b) for v in
-                ("reference_fp32", "model_fp32", "fused_bf16_triton", "fused_bf16_torch",
-                 "fused_bf16_compile")] + [("small", "reference_fp32", (1,)), ("small", "fused_bf16_torch", (1,))]
-    big = (1, 4, 16, 32, 64, 128)
-    graph_b = (1, 4, 16)
-    if quick:  # the default path, no compile rows; ~150 s on an H200
-        return [
-            ("main", "reference_fp32", (1, 16)),
-            ("main", "fused_bf16_triton", (1, 4, 16, 64, 128)),
-            ("main", "fused_bf16_triton_graph", (1, 4)),
-            ("main", "fused_fp16_triton", (64,)),
-            ("main", "fused_fp32_triton", (1,)),
-        ]
-    return [
-        ("main", "reference_fp32", (1, 4, 16)),
-        ("main", "fused_bf16_triton", big),
-        ("main", "fused_fp32_triton", (1, 16)),
-        ("main", "fused_bf16_triton_graph", graph_b),
-        ("main", "fused_fp16_triton", big),
-        ("main", "fused_fp16_triton_graph", (1, 4)),
-        ("main", "fused_bf16_triton_nobench", (1, 4, 64)),
-        ("main", "model_fp32", (1, 4, 16)),
-        ("main", "fused_bf16_torch", (1, 16, 64)),
-        ("small", "reference_fp32", (1, 16)),
-        ("small", "fused_bf16_triton", (1, 16, 64, 128)),
-        ("small", "fused_bf16_triton_graph", (1, 16)),
-        ("large", "reference_fp32", (1, 4)),
-        ("large", "fused_bf16_triton", (1, 4, 16, 32)),
-        ("large", "fused_bf16_triton_graph", (1,)),
-        ("main", "fused_bf16_compile", (1, 16, 64, 128)),
-        ("main", "fused_bf16_compile_graph", (1,)),
-        ("main", "model_bf16_compile", (1, 64)),
-    ]
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # inputs
 
 
 def face_inputs(size: int, n: int, source: str = "auto") -> tuple[torch.Tensor, str]:
-    """[n, 3, S, S] in [-1, 1]: real aligned face crops if the pipeline part provides them, else astronaut crops."""
-    try:
-        if source == "astronaut":
-            raise RuntimeError("--inputs astronaut")
-        from gpen_tune.face.samples import aligned_face_crops
+    """[n, 3, S, S] in [-1, 1]: the detector's aligned crops of the bundled photos repeated to n ("auto"), or
+    rotated and scaled crops around the astronaut's face ("astronaut", or when no face is found)."""
+    from gpen_tune.face.samples import aligned_face_crops
 
-        crops = aligned_face_crops(size, n)
-        if crops is not None and len(crops) > 0:
-            t = torch.from_numpy(crops).permute(0, 3, 1, 2).float() / 127.5 - 1.0
-            reps = math.ceil(n / t.shape[0])
-            return t.repeat(reps, 1, 1, 1)[:n].contiguous(), (
-                f"gpen_tune.face.samples.aligned_face_crops({size}, {n}): {len(crops)} crops of real faces "
-                "(the detector's finds in the bundled photos, repeated to n)")
-    except Exception as e:  # the pipeline part may not be merged yet
-        why = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
-    else:
-        why = "aligned_face_crops returned no faces"
+    crops = aligned_face_crops(size, n) if source != "astronaut" else None
+    if crops is not None and len(crops) > 0:
+        t = torch.from_numpy(crops).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+        reps = math.ceil(n / t.shape[0])
+        return t.repeat(reps, 1, 1, 1)[:n].contiguous(), (
+            f"gpen_tune.face.samples.aligned_face_crops({size}, {n}): {len(crops)} crops of real faces "
+            "(the detector's finds in the bundled photos, repeated to n)")
+    why = "--inputs astronaut" if source == "astronaut" else "aligned_face_crops returned no faces"
     from skimage import data
 
     img = torch.from_numpy(data.astronaut()).permute(2, 0, 1).float()[None] / 127.5 - 1.0   # [1, 3, 512, 512]
@@ -194,32 +129,6 @@ def fidelity(out: torch.Tensor, ref: torch.Tensor) -> dict:
         rel_l2=float((o - ref).norm() / ref.norm().clamp_min(1e-12)),
         max_abs=float((o - ref).abs().max()),
     )
-
-
-def build_variant(name: str, master, device: torch.device):
-    spec = VARIANTS[name]
-    dtype = DTYPES[spec["dtype"]]
-    if spec.get("cuda") and device.type != "cuda":
-        raise SkipRow("needs CUDA (Triton kernels)")
-    if spec["kind"] == "reference":
-        m = copy.deepcopy(master).to(device)
-        return lambda x: reference_forward(m, x)
-    if spec["kind"] == "model":
-        m = copy.deepcopy(master)
-        if dtype != torch.float32:
-            from gpen_tune.tune.amp import cast_model
-
-            m = cast_model(m, dtype)
-        m = m.to(device)
-    else:
-        m = fuse(master, dtype, **spec.get("flags", {})).to(device)
-    if spec.get("compile"):
-        m = torch.compile(m)
-    return m
-
-
-class SkipRow(Exception):
-    pass
 
 
 def graph_callable(fn, xb: torch.Tensor):

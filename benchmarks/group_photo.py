@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from throughput import Sampler, environment, metered_pipeline  # noqa: E402
+from meters import Sampler  # noqa: E402
+from throughput import environment, metered_pipeline  # noqa: E402
 
 from gpen_tune.face.parse import timing_parse_weights  # noqa: E402
 from gpen_tune.pipeline.outputs import OutputNaming  # noqa: E402

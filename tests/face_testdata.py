@@ -1,4 +1,4 @@
-"""Shared inputs for the face pipeline tests: the offline detector, detections cached per session, a keeping sink."""
+"""Shared inputs for the face pipeline tests: the offline detector, detections cached per test run, a keeping sink."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _detect_cached(key: str):
 
 
 def detections(key: str) -> tuple[np.ndarray, list]:
-    """(image, detections) for 'astronaut', 'grace_hopper' or 'mosaic' (detected once per session)."""
+    """(image, detections) for 'astronaut', 'grace_hopper' or 'mosaic' (detected once per test run)."""
     img, dets = _detect_cached(key)
     return img.copy(), dets
 
