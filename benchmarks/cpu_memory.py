@@ -1,0 +1,91 @@
+"""Peak resident memory of a whole CPU run: `gpen-tune enhance PHOTO --device cpu --preset auto` under
+`/usr/bin/time -v`, repeated (the peak varies by tens of MB between runs: threads, allocator arenas), with the
+weights in the official layout (a file with synthetic values unless --weights names a real one).
+
+Targets (issue: CPU-only and 4 GB-GPU users): the 29-face Solvay photo at <= 1.0 GB with GPEN-BFR-256 and
+<= 1.5 GB with GPEN-BFR-512. The JSON has every run's peak (kB as `time` reports it, and GB = 10^9 bytes), the
+median and the largest, wall time, the command and the load average (wall times of a loaded machine say little;
+the peaks hardly depend on load).
+
+    python benchmarks/cpu_memory.py --image solvay_conference_1927.png --model GPEN-BFR-256 --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+TARGET_GB = {"GPEN-BFR-256": 1.0, "GPEN-BFR-512": 1.5}
+
+
+def weights_file(model: str, folder: Path) -> Path:
+    """A checkpoint in the official key layout with synthetic values (what the tests load)."""
+    from conftest_weights import checkpoint_file
+
+    path = folder / f"{model}.pth"
+    path.write_bytes(checkpoint_file(model).read_bytes())
+    return path
+
+
+def one_run(image: Path, model: str, weights: Path, out: Path) -> dict:
+    cli = [sys.executable, "-m", "gpen_tune", "enhance", str(image), "-o", str(out), "--model", model,
+           "--weights", str(weights), "--device", "cpu", "--preset", "auto", "--overwrite"]
+    proc = subprocess.run(["/usr/bin/time", "-v", *cli], capture_output=True, text=True, cwd=ROOT)
+    if proc.returncode != 0:
+        raise SystemExit(f"benchmarks/cpu_memory.py: the run failed:\n{proc.stderr[-2000:]}")
+
+    def field(name: str) -> str:
+        return re.search(rf"{re.escape(name)}: (.+)", proc.stderr).group(1).strip()
+
+    kb = int(field("Maximum resident set size (kbytes)"))
+    return {"max_rss_kb": kb, "max_rss_gb": round(kb * 1024 / 1e9, 3), "elapsed": field("Elapsed (wall clock) time "
+            "(h:mm:ss or m:ss)"), "user_s": float(field("User time (seconds)")),
+            "faces": int(m.group(1)) if (m := re.search(r"faces restored\D+(\d+)", proc.stdout)) else None}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--image", type=Path, required=True)
+    ap.add_argument("--model", default="GPEN-BFR-256", choices=sorted(TARGET_GB))
+    ap.add_argument("--weights", type=Path, default=None, help="a real checkpoint (default: synthetic values)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = args.weights or weights_file(args.model, Path(tmp))
+        load_before = os.getloadavg()
+        runs = [one_run(args.image, args.model, weights, Path(tmp) / "out") for _ in range(args.runs)]
+        load_after = os.getloadavg()
+    peaks = [r["max_rss_gb"] for r in runs]
+    result = {
+        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "model": args.model, "image": args.image.name,
+        "weights": str(args.weights) if args.weights else "official key layout, synthetic values",
+        "runs": runs, "median_max_rss_gb": statistics.median(peaks), "largest_max_rss_gb": max(peaks),
+        "target_gb": TARGET_GB[args.model], "load_average_before_after": [load_before, load_after],
+        "cores": os.cpu_count(),
+    }
+    print(json.dumps(result, indent=1))
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}_cpu_memory_{args.model}.json"
+    tmp_path = path.with_suffix(".tmp")
+    tmp_path.write_text(json.dumps(result, indent=1))
+    tmp_path.rename(path)
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
