@@ -1,7 +1,8 @@
 """The parse mask: both official checkpoint files load strictly (test-made, in their key layout), on by default only
 when its weights are available (said once otherwise), required with --parse-mask, synthetic weights (said loudly),
 the dtype rule, the device masks and the batched device feather equal the host ones, a face's mask in a batch
-equals its mask alone, bf16 against fp32 on the bundled faces, registry pins; on CUDA: bf16 / fp16 against fp32, no host sync, the device paste through the mask."""
+equals its mask alone, bf16 against fp32 on the bundled faces, registry pins; on CUDA: bf16 / fp16 against fp32,
+no host sync, the device paste through the mask."""
 
 from __future__ import annotations
 
