@@ -1,7 +1,8 @@
 """The parse mask: both official checkpoint files load strictly (test-made, in their key layout), on by default only
 when its weights are available (said once otherwise), required with --parse-mask, synthetic weights (said loudly),
-the dtype rule, the device masks and the batched device feather equal the host ones, bf16 against fp32 on the
-bundled faces, registry pins; on CUDA: bf16 / fp16 against fp32, no host sync, the device paste through the mask."""
+the dtype rule, the device masks and the batched device feather equal the host ones, a face's mask in a batch
+equals its mask alone, bf16 against fp32 on the bundled faces, registry pins; on CUDA: bf16 / fp16 against fp32,
+no host sync, the device paste through the mask."""
 
 from __future__ import annotations
 
@@ -156,6 +157,20 @@ def test_device_feather_of_a_batch_equals_the_host_feather_of_each_face():
     got = feather_device(torch.from_numpy(masks), sigmas).numpy()
     for m, s, g in zip(masks, sigmas, got, strict=True):
         np.testing.assert_allclose(g, feather(m, s), atol=1e-6)
+
+
+@pytest.mark.slow
+def test_masks_of_a_batch_equal_each_face_parsed_alone_on_the_cpu(faces):
+    """What parsing per generator batch relies on: a face's mask does not depend on the batch around it (faces of
+    different feathers in one batch, through `start` with its host copy, against each face alone)."""
+    parser = FaceParser("cpu", SYNTHETIC)
+    inverses = [SMALL, BIG]
+    device, host, seconds = parser.start(torch.from_numpy(faces), inverses, download=True).result()
+    assert device.shape == (2, 256, 256) and len(host) == 2 and seconds > 0
+    for face, inverse, batched in zip(faces, inverses, host, strict=True):
+        (alone,) = parser.masks([face], [inverse])
+        np.testing.assert_allclose(batched, alone, atol=1e-6)
+    assert parser.start(torch.from_numpy(faces), inverses, download=False).result()[1] is None
 
 
 @pytest.mark.slow

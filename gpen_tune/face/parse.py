@@ -10,11 +10,14 @@ ParseNet in that layout (benchmarks time the mask offline; its cost does not dep
 
 The whole mask runs batched on the parser's device, without host syncs: resize to 512, forward, argmax, class
 mask, feather (`gpen_tune.face.paste.feather_params`, widened per face like the default mask: every face's border
-and kernel reach the device in one non-blocking upload, one grouped blur serves the batch), resize back.
+and kernel reach the device in one non-blocking upload, one grouped blur serves the batch), resize back. A face's
+mask depends only on its crop and its feather, so the pipeline parses each generator batch as it comes off the
+generator (`FaceParser.start`: same device and stream, downloaded with one copy per batch).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -171,8 +174,53 @@ class FaceParser:
         out = self.masks_device(torch.from_numpy(np.stack(faces)), inverses).cpu().numpy()
         return list(out)
 
+    def start(self, restored: torch.Tensor, inverses: Sequence[np.ndarray | None], download: bool) -> PendingMasks:
+        """The masks of a restored batch [B, S, S, 3] uint8 (on its device), queued behind it on the current stream
+        (`download`: also copied to the host); read them with `result()`."""
+        return PendingMasks(self, restored, inverses, download)
+
     def close(self) -> None:
         self.net = None
+
+
+class PendingMasks:
+    """One batch's masks in flight. On CUDA they are queued on the current stream without a host sync, with CUDA
+    events around them and (`download`) one non-blocking copy into pinned memory; `result()` waits once. On the CPU
+    they are computed at once (wall time)."""
+
+    def __init__(self, parser: FaceParser, restored: torch.Tensor, inverses: Sequence[np.ndarray | None],
+                 download: bool):
+        self.source, self.downloads = restored, download
+        self._events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+        self._done: torch.cuda.Event | None = None
+        if parser.device.type != "cuda":
+            t = time.perf_counter()
+            self.device = parser.masks_device(restored, inverses)
+            self.seconds = time.perf_counter() - t
+            self._host = self.device if download else None
+            return
+        stream = torch.cuda.current_stream(parser.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        self.device = parser.masks_device(restored, inverses)
+        end.record(stream)
+        self._host = None
+        if download:
+            self._host = torch.empty(self.device.shape, dtype=self.device.dtype, pin_memory=True)
+            self._host.copy_(self.device, non_blocking=True)
+        self._done = torch.cuda.Event()
+        self._done.record(stream)
+        self._events, self.seconds = (start, end), 0.0
+
+    def result(self) -> tuple[torch.Tensor, list[np.ndarray] | None, float]:
+        """(masks [B, S, S] float32 on the parser's device, the host copy per face or None, the parse's seconds:
+        CUDA-event time on CUDA)."""
+        if self._done is not None:
+            self._done.synchronize()
+            self.seconds = self._events[0].elapsed_time(self._events[1]) / 1000.0
+            self._done = None
+        host = None if self._host is None else list(self._host.numpy())
+        return self.device, host, self.seconds
 
 
 def feather_device(masks: torch.Tensor, sigmas: Sequence[float | None]) -> torch.Tensor:

@@ -21,6 +21,8 @@ class FaceCrop:
     inverse: np.ndarray                  # 2x3 crop -> image
     detection: Detection | None          # None for --aligned inputs
     restored: np.ndarray | None = None   # [S, S, 3] uint8 RGB after the restore step (host)
+    parse_mask: np.ndarray | None = None  # [S, S] float32 paste mask of the parser, from its batch (host paste)
+    parse_mask_device: Any = None        # the same on the device (device paste)
 
 
 @dataclass
@@ -64,7 +66,7 @@ class ImageJob:
         self.picture = self.result = None
         self.image_device = self.crops_device = self.blend_weights = None
         for face in self.faces:
-            face.crop = face.restored = None
+            face.crop = face.restored = face.parse_mask = face.parse_mask_device = None
 
     def report(self) -> dict:
         return {

@@ -185,22 +185,35 @@ def run_serial(source: Source, stages: Stages, restorer: Any, sink: Sink, *, bat
 
 def _restore_inline(stages: Stages, restorer: Any, jobs: list[ImageJob], batch: int,
                     before_restore: Callable[[], None] | None, on_faces: Callable[[int], None] | None) -> None:
-    faces = [(job, face, crop) for job in jobs if job.status != "error"
-             for face, crop in zip(job.faces, stages.crops(job), strict=False)]
+    faces = [(job, k, crop) for job in jobs if job.status != "error" for k, crop in enumerate(stages.crops(job))]
     for start in range(0, len(faces), batch):
         chunk = faces[start:start + batch]
         if before_restore is not None:
             before_restore()
-        t = time.perf_counter()
         try:
-            out = restorer.restore_crops([c for _, _, c in chunk])
+            done = 0
+            while done < len(chunk):                # in parts of the restorer's limit (an OOM may lower it)
+                part = chunk[done:done + min(len(chunk) - done, restorer.limit)]
+                _restore_part(stages, restorer, part)
+                done += len(part)
         except (RuntimeError, ValueError) as e:
             for job, _, _ in chunk:
                 job.fail(one_line(job.source, e))
             continue
-        share = (time.perf_counter() - t) / len(chunk)
-        for (job, face, _), restored in zip(chunk, out, strict=True):
-            face.restored = restored
-            job.add_time("restore", share)
         if on_faces is not None:
             on_faces(len(chunk))
+
+
+def _restore_part(stages: Stages, restorer: Any, part: list[tuple[ImageJob, int, Any]]) -> None:
+    """One generator batch and its parse masks (`Stages.parse_batch`, as the threaded GPU stage)."""
+    t = time.perf_counter()
+    pending = restorer.submit([c for _, _, c in part])
+    submit_s = time.perf_counter() - t
+    parse = stages.parse_batch([(job, k) for job, k, _ in part], pending.device_out, device_paste=False)
+    t = time.perf_counter()
+    out = pending.result()
+    share = (submit_s + time.perf_counter() - t) / len(part)
+    stages.keep_masks(parse, pending.device_out)
+    for (job, k, _), restored in zip(part, out, strict=True):
+        job.faces[k].restored = restored
+        job.add_time("restore", share)

@@ -4,18 +4,20 @@
     detect  gpen_tune.face.detect (a detector service shared by the scheduler's threads)
     align   gpen_tune.face.align (template, similarity; crops cut on the host or on the device)
     restore gpen_tune.restore.Restorer (called by the scheduler, which batches faces across images)
-    paste   gpen_tune.face.paste (host or device), gpen_tune.face.parse (optional mask)
+    parse   gpen_tune.face.parse (optional mask): each generator batch, on its device (`parse_batch`/`keep_masks`)
+    paste   gpen_tune.face.paste (host or device)
     encode  a sink (gpen_tune.pipeline.sinks)
 
 `Stages` holds no scheduling: the scheduler (gpen_tune.pipeline.scheduler) calls `prepare` / `crops` /
-`finish` from its threads, or inline for the serial path; every method is safe to call from several threads.
+`parse_batch` + `keep_masks` (around each restorer batch) / `finish` from its threads, or inline for the serial
+path; every method is safe to call from several threads.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import cv2
@@ -26,6 +28,7 @@ from gpen_tune.background.upscale import scale_inverse, upscale_alpha
 from gpen_tune.device_memory import cuda_total
 from gpen_tune.face.align import alignment, cut_faces, cut_faces_device
 from gpen_tune.face.detect import Detection, default_notify
+from gpen_tune.face.parse import PendingMasks
 from gpen_tune.face.paste import (
     DeviceFace,
     PasteFace,
@@ -61,6 +64,17 @@ def center_face(detections: list[Detection], width: int, height: int) -> list[De
     c = np.array([width / 2, height / 2])
     dist = [np.linalg.norm((d.box[:2] + d.box[2:]) / 2 - c) for d in detections]
     return [detections[int(np.argmin(dist))]]
+
+
+@dataclass
+class BatchParse:
+    """The parse masks of one generator batch in flight: its faces (job, face index), their paste inverses, and
+    whether the scheduler hands this batch's restored crops on the device to `finish` (`device_paste`)."""
+
+    faces: list[tuple[ImageJob, int]]
+    inverses: list[np.ndarray]
+    device_paste: bool
+    pending: PendingMasks
 
 
 class Stages:
@@ -224,6 +238,50 @@ class Stages:
         image of a batch does."""
         return job.image_device is None or self.save_faces
 
+    # -- parse (each generator batch) -------------------------------------------------------------------------
+    def parse_batch(self, faces: Sequence[tuple[ImageJob, int]], restored: Any, device_paste: bool
+                    ) -> BatchParse | None:
+        """Start the parse masks of a restored batch [B, S, S, 3] uint8 (the restorer's `device_out`, still on its
+        device) behind it on the same stream, one batch for all its faces; None without a parser (or nothing to
+        parse). `device_paste`: the scheduler hands the batch to `finish` on the device (its device-pasted images
+        keep device masks; the others get a host copy, downloaded once for the batch)."""
+        if self.parser is None or not self.restoring or self.settings.aligned or restored is None or not faces:
+            return None
+        inverses = [self._paste_inverse(job.faces[k].inverse) for job, k in faces]
+        download = any(not (device_paste and self.uses_device_paste(job)) for job, _ in faces)
+        return BatchParse(list(faces), inverses, device_paste, self.parser.start(restored, inverses, download))
+
+    def keep_masks(self, parse: BatchParse | None, restored: Any) -> None:
+        """After the batch's result: each face's mask on its FaceCrop, each image the share of the parse time of
+        its faces. `restored` is the batch as collected: when the restorer replaced it (the fp32 re-run of a
+        non-finite batch) the masks are parsed again from the replacement."""
+        if parse is None:
+            return
+        if restored is not parse.pending.source:
+            parse.pending = self.parser.start(restored, parse.inverses, parse.pending.downloads)
+        device, host, seconds = parse.pending.result()
+        share = seconds / len(parse.faces)
+        for i, (job, k) in enumerate(parse.faces):
+            face = job.faces[k]
+            if parse.device_paste and self.uses_device_paste(job):
+                face.parse_mask_device = device[i]
+            else:
+                face.parse_mask = host[i]
+            job.add_time("parse", share)
+
+    def _parse_image(self, job: ImageJob, restored: Sequence[Any], device_paste: bool) -> None:
+        """The masks of an image whose faces came without them (a caller that restores without `parse_batch`,
+        e.g. the Ray Data path): its faces as one batch."""
+        have = [f.parse_mask_device if device_paste else f.parse_mask for f in job.faces]
+        if self.parser is None or all(m is not None for m in have):
+            return
+        batch = torch.stack(list(restored)) if device_paste else torch.from_numpy(np.stack(restored))
+        self.keep_masks(self.parse_batch([(job, k) for k in range(len(job.faces))], batch, device_paste), batch)
+
+    def _paste_inverse(self, inverse: np.ndarray) -> np.ndarray:
+        """A face's crop -> output affine: the image's, or the upscaled background's."""
+        return inverse if self.upscaler is None else scale_inverse(inverse, self.upscaler.scale)
+
     # -- paste -------------------------------------------------------------------------------------------------
     def finish(self, job: ImageJob, restored: Sequence[np.ndarray | None],
                restored_device: Sequence[Any] | None = None) -> Picture:
@@ -250,22 +308,19 @@ class Stages:
         return replace(pic.with_pixels(self.upscaler.upscale(pic.rgb)), alpha=alpha)
 
     def _paste_host(self, job: ImageJob) -> Picture:
-        """Host paste: parse masks (one batch), optional background upscale (inverses scaled to it), blend."""
+        """Host paste: the faces' parse masks (from their batches), optional background upscale, blend."""
         pic, s = job.picture, self.settings
-        base, inverses, alpha = pic.rgb, [f.inverse for f in job.faces], pic.alpha
+        restored = [f.restored for f in job.faces]
+        self._parse_image(job, restored, device_paste=False)
+        base, alpha = pic.rgb, pic.alpha
         if self.upscaler is not None:
             base = self.upscaler.upscale(base)
-            inverses = [scale_inverse(m, self.upscaler.scale) for m in inverses]
             alpha = None if alpha is None else upscale_alpha(alpha, self.upscaler.scale)
-        restored = [f.restored for f in job.faces]
-        t = time.perf_counter()
-        masks = self.parser.masks(restored, inverses) if self.parser is not None else [None] * len(restored)
-        job.add_time("parse", time.perf_counter() - t)
         paste = []
-        for face, crop, inverse, mask in zip(job.faces, restored, inverses, masks, strict=True):
+        for face, crop in zip(job.faces, restored, strict=True):
             if s.soften_small_faces and face.detection is not None and is_small_face(face.detection.box):
                 crop = soften(crop)
-            paste.append(PasteFace(crop, inverse, mask))
+            paste.append(PasteFace(crop, self._paste_inverse(face.inverse), face.parse_mask))
         if self.save_mask:
             job.blend_weights = blend_weights(base.shape[:2], paste, s.strength)
         fn = paste_faces if self.face_crop else paste_faces_full_frame
@@ -273,30 +328,23 @@ class Stages:
         return result if alpha is pic.alpha else replace(result, alpha=alpha)
 
     def _paste_device(self, job: ImageJob, restored_device: Sequence[Any]) -> np.ndarray:
-        """Parse masks (one batch) and paste on one stream off the generator's, so the paste reads finished masks;
-        the parse step's time is its GPU time (events), read after the paste's one synchronisation."""
+        """Paste on one stream off the generator's, through the faces' device parse masks (finished: the scheduler
+        collected their batch) or the feathered square; one synchronisation."""
         s = self.settings
-        inverses = [face.inverse for face in job.faces]
+        self._parse_image(job, restored_device, device_paste=True)
         stream = thread_stream(restored_device[0].device)
         with torch.cuda.stream(stream):
-            if self.parser is not None:          # one batch on the generator's device, no host sync
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record(stream)
-                masks = list(self.parser.masks_device(torch.stack(list(restored_device)), inverses).unbind(0))
-                end.record(stream)
-            else:
-                masks = [default_mask(dev.shape[0], inv) for dev, inv in zip(restored_device, inverses, strict=True)]
-            faces = [DeviceFace(dev, face.inverse, mask,
+            faces = [DeviceFace(dev, face.inverse,
+                                default_mask(dev.shape[0], face.inverse) if self.parser is None
+                                else face.parse_mask_device,
                                 soften=s.soften_small_faces and face.detection is not None
                                 and is_small_face(face.detection.box))
-                     for face, dev, mask in zip(job.faces, restored_device, masks, strict=True)]
+                     for face, dev in zip(job.faces, restored_device, strict=True)]
             if self.save_mask:
                 job.blend_weights = blend_weights(job.picture.rgb.shape[:2], faces, s.strength)
             pixels = paste_faces_device(job.picture.rgb, faces, s.strength, base_device=job.image_device,
                                         impl=self.paste_impl)
         stream.synchronize()
-        if self.parser is not None:
-            job.add_time("parse", start.elapsed_time(end) / 1000.0)
         return pixels
 
     def _blend_aligned(self, pic: Picture, face: FaceCrop) -> np.ndarray:

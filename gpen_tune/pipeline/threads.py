@@ -2,7 +2,8 @@
 
     feeder ──in_q──> prepare x N ──ready_q──> GPU stage ──finish_q──> finish x M ──result_q──> caller
      (source items)  (decode, detect, align)   (faces of many images in    (paste back, and the sink's
-                                                bucket-sized batches)        write unless it is ordered)
+                                                bucket-sized batches; the   write unless it is ordered)
+                                                parse mask of each batch)
 
 Why threads: cv2, numpy and torch release the GIL in their heavy calls, and one process keeps one copy of the
 models (the detector may run in a process of its own: gpen_tune.face.detect's "process" service). Memory stays
@@ -307,7 +308,7 @@ class _Run:
     def _gpu_stage(self) -> None:
         # One loop owns the batch in flight and the pending faces; split, it would share that state across functions.
         pending: list[tuple[_JobState, int]] = []    # faces waiting for a batch, arrival order
-        inflight: tuple[Any, list[tuple[_JobState, int]]] | None = None
+        inflight: tuple[Any, list[tuple[_JobState, int]], Any, float] | None = None   # batch, faces, parse, its s
         producers = 1 if self.sequenced else self.prepare_workers
         deadline = 0.0
         t_start = time.perf_counter()
@@ -317,17 +318,18 @@ class _Run:
             nonlocal inflight
             if inflight is None:
                 return True
-            batch, entries = inflight
+            batch, entries, parse, parse_s = inflight
             inflight = None
             try:
                 outs = batch.result()
+                self.stages.keep_masks(parse, batch.device_out)
             except KeyboardInterrupt:
                 raise
             except Exception as exc:
                 self._fail_entries(entries, exc)
                 return True
             dev = batch.device_out if self.on_device else None
-            share = (time.perf_counter() - batch.submitted_at) / len(entries)
+            share = (time.perf_counter() - batch.submitted_at - parse_s) / len(entries)   # parse_s: its own step
             for i, (state, k) in enumerate(entries):
                 state.job.add_time("restore", share)
                 state.restored[k] = outs[i]
@@ -354,13 +356,16 @@ class _Run:
             try:
                 download = needs_host is None or any(needs_host(s.job) for s, _ in entries)
                 batch = self.restorer.submit([s.crops[k] for s, k in entries], download=download)
+                t0 = time.perf_counter()
+                parse = self.stages.parse_batch([(s.job, k) for s, k in entries], batch.device_out, self.on_device)
+                parse_s = time.perf_counter() - t0   # the parse computed here (the CPU) is not the restore's time
             except KeyboardInterrupt:
                 raise
             except Exception as exc:
                 self._fail_entries(entries, exc)
                 return True
             ok = complete()                     # the previous batch finishes while this one computes
-            inflight = (batch, entries)
+            inflight = (batch, entries, parse, parse_s)
             return ok
 
         while not self.stop.is_set():
