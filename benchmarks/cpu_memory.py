@@ -53,7 +53,7 @@ def one_run(image: Path, model: str, weights: Path, out: Path) -> dict:
     kb = int(field("Maximum resident set size (kbytes)"))
     return {"max_rss_kb": kb, "max_rss_gb": round(kb * 1024 / 1e9, 3), "elapsed": field("Elapsed (wall clock) time "
             "(h:mm:ss or m:ss)"), "user_s": float(field("User time (seconds)")),
-            "faces": int(m.group(1)) if (m := re.search(r"faces restored\D+(\d+)", proc.stdout)) else None}
+            "faces": int(m.group(1)) if (m := re.search(r"│ faces restored\s+│\s+(\d+)", proc.stdout)) else None}
 
 
 def main() -> None:
