@@ -25,22 +25,26 @@ on it is queued again for the other devices; an input that fails on its own (a b
 device and is reported once. A lane that fails otherwise (its thread raised, a thread of its scheduler failed; a
 worker process that died, killed or crashed: `workers.py`) is lost the same way, with the reason in
 `device_summary` (a worker's exit code and signal), and every input it had taken without a result goes to the
-others; once no device is left, each input still queued fails with one line. Ordered sinks (video encoders) get
-results in source order through `_Reorder`; a source with a tracker (video: tracking needs every frame's
-detections in order) runs on one device, the first that is not lost, since frames of one video spread over devices
-would need a cross-device tracking step.
+others; once no device is left, each input still queued fails with one line.
+
+Videos (thread lanes; `shared_queue.py`). Frames are handed out as any inputs, decoded in order only as the
+devices take them; each device detects faces in, restores and pastes the frames it took, the tracker (which needs
+every frame's detections in order) is called in frame order across the devices (`OrderedTracker`), and the
+encoder gets the frames in source order through the reorder buffer (`ReorderBuffer`, at most the devices'
+in-flight frames held). Each frame is tracked once and its smoothed landmarks kept until it is written, so a
+frame redone on another device after a loss is aligned, restored and pasted as the first time: the video is the
+one a single device writes.
 """
 
 from __future__ import annotations
 
 import copy
-import heapq
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import cv2
@@ -52,6 +56,7 @@ from gpen_tune.distributed.lanes import (
     is_device_failure,
     on_device,
 )
+from gpen_tune.distributed.shared_queue import LaneSink, LaneSource, OrderedTracker, ReorderBuffer, SharedQueue
 from gpen_tune.distributed.workers import WorkerSpec, run_processes
 from gpen_tune.face.detect import default_notify
 from gpen_tune.pipeline.api import Pipeline
@@ -60,11 +65,9 @@ from gpen_tune.pipeline.scheduler import RunSummary, SchedulerConfig, dropped
 from gpen_tune.pipeline.settings import EnhanceSettings, resolve_weights
 from gpen_tune.pipeline.sinks import FileSink, Sink
 from gpen_tune.pipeline.sources import FileSource, Source, SourceItem
-from gpen_tune.pipeline.stages import one_line
 from gpen_tune.restore import Restorer
 from gpen_tune.tune.options import TuneConfig
 
-REORDER_WINDOW = 256      # an ordered run hands out inputs at most this far ahead of the next one written
 _POLL_S = 0.05
 
 
@@ -121,97 +124,6 @@ class Lane:
                 "faces_per_s": round(self.faces / self.busy_s, 3) if self.busy_s else None,
                 "lost": self.lost_reason or (self.guard.lost if self.guard is not None else None),
                 "retried_elsewhere": self.retried}
-
-
-@dataclass
-class _Shared:
-    """The one queue of a run: input positions by index (lowest first), and what became of each."""
-
-    items: list[SourceItem]
-    pending: list[int] = field(default_factory=list)   # a heap: retried inputs go before later ones
-    results: dict[int, ImageJob] = field(default_factory=dict)
-    window: int | None = None                         # ordered runs: how far ahead of `written` to hand out
-    written: int = 0
-    stopped: bool = False
-    cond: threading.Condition = field(default_factory=threading.Condition)
-
-    def take(self, lane: Lane) -> int | None:
-        with self.cond:
-            while not self.stopped and not lane.lost and self.pending:
-                if self.window is None or self.pending[0] < self.written + self.window:
-                    return heapq.heappop(self.pending)
-                self.cond.wait(_POLL_S)
-            return None
-
-    def give_back(self, index: int) -> None:
-        with self.cond:
-            heapq.heappush(self.pending, index)
-            self.cond.notify_all()
-
-    def hand_on(self, lane: Lane, source: _LaneSource) -> None:
-        """A failed lane's inputs without a result (and not given back already) go back in the queue."""
-        with self.cond:
-            for index in source.taken:
-                if index not in self.results and index not in source.handed_on:
-                    source.handed_on.add(index)
-                    heapq.heappush(self.pending, index)
-                    lane.retried += 1
-            self.cond.notify_all()
-
-
-class _LaneSource:
-    """The shared queue as one device's source; remembers which input each local position is."""
-
-    def __init__(self, shared: _Shared, lane: Lane, ordered: bool):
-        self.shared, self.lane, self.ordered = shared, lane, ordered
-        self.taken: list[int] = []
-        self.handed_on: set[int] = set()            # taken, then queued again for the other devices
-
-    def __iter__(self) -> Iterator[SourceItem]:
-        while (index := self.shared.take(self.lane)) is not None:
-            self.taken.append(index)
-            yield self.shared.items[index]
-
-
-class _Reorder:
-    """An ordered sink fed from several devices: jobs are held until every earlier one is settled."""
-
-    def __init__(self, sink: Sink, shared: _Shared):
-        self.sink, self.shared = sink, shared
-        self.held: dict[int, ImageJob | None] = {}   # None: settled without a write (failed, dropped)
-        self.lock = threading.Lock()
-
-    def offer(self, index: int, job: ImageJob | None) -> None:
-        with self.lock:
-            self.held[index] = job
-            while self.shared.written in self.held:
-                keep = self.held.pop(self.shared.written)
-                if keep is not None:
-                    try:
-                        self.sink.write(keep)
-                    except (OSError, ValueError, RuntimeError) as e:
-                        keep.fail(one_line(keep.source, e))
-                    keep.release()
-                with self.shared.cond:
-                    self.shared.written += 1
-                    self.shared.cond.notify_all()
-
-
-class _LaneSink:
-    """One device's sink: writes straight through, or into the shared reorder buffer for an ordered sink."""
-
-    ordered = False
-
-    def __init__(self, sink: Sink, source: _LaneSource, reorder: _Reorder | None):
-        self.sink, self.source, self.reorder = sink, source, reorder
-
-    def write(self, job: ImageJob) -> Any:
-        if self.reorder is None:
-            return self.sink.write(job)
-        kept = copy.copy(job)                        # the lane releases its job's pixels after this returns
-        kept.index = self.source.taken[job.index]
-        self.reorder.offer(kept.index, kept)
-        return None
 
 
 class DevicePool:
@@ -326,39 +238,36 @@ class DevicePool:
         for lane in live:
             if lane.pipeline is None:                # a process pool's run of arrays or a video
                 self._build_lane(lane)
-        if tracker is not None:                      # tracking needs one order: the first device that is not lost
-            lane = live[0]
-            summary = lane.pipeline.run(source, sink, serial=serial, config=config, on_result=on_result,
-                                        on_faces=self._counting(lane, on_faces), save_faces=save_faces,
-                                        tracker=tracker, save_mask=save_mask)
-            lane.images += len(summary.results)
-            lane.busy_s += summary.wall_s
-            return summary
-        shared = _Shared(list(source))
-        shared.pending = list(range(len(shared.items)))
-        ordered = bool(getattr(source, "ordered", False) or getattr(sink, "ordered", False))
-        reorder = _Reorder(sink, shared) if getattr(sink, "ordered", False) else None
+        shared = SharedQueue(source)
+        reorder = ReorderBuffer(sink, shared) if getattr(sink, "ordered", False) else None
+        shared_tracker = OrderedTracker(tracker, shared) if tracker is not None else None
         if reorder is not None and not serial:
-            shared.window = REORDER_WINDOW
+            # results held for the ordered sink stay within what the devices hold in flight (video: whole frames)
+            shared.window = sum(config.resolved(torch.device(lane.name).type)[2] for lane in live)
         switch, cv_threads = sys.getswitchinterval(), cv2.getNumThreads()   # the lanes set and restore both
         try:
-            while shared.pending and not shared.stopped:
+            while shared.has_work():
                 live = [lane for lane in self.lanes if not lane.lost]
                 if not live:
                     break
-                self._round(live, shared, sink, reorder, ordered, serial, config, on_result, on_faces, save_faces)
+                self._round(live, shared, sink, reorder, shared_tracker, serial, config, on_result, on_faces,
+                            save_faces)
         finally:
             sys.setswitchinterval(switch)
             cv2.setNumThreads(cv_threads)
-        for index in list(shared.pending):           # every device lost, or interrupted
+        if shared.read_error is not None:
+            raise shared.read_error
+        if shared.stopped and hasattr(source, "__len__"):
+            shared.drain()                           # never read: reported as not processed, as on one pipeline
+        for index in sorted(shared.pending):         # every device lost, or interrupted
             item = shared.items[index]
             job = dropped(index, item)
             if not shared.stopped:
                 job.fail(f"{item.name}: not processed: every device was lost ({self._lost_line()})")
-            shared.results[index] = job
+            shared.settle(index, job)
             if reorder is not None:
                 reorder.offer(index, None)
-        results = [shared.results[i] for i in range(len(shared.items))]
+        results = [shared.results[i] for i in range(shared.read)]
         return RunSummary(results, time.perf_counter() - t0, shared.stopped,
                           {"mode": "devices", "devices": self.device_summary()})
 
@@ -389,27 +298,37 @@ class DevicePool:
                 on_faces(n)
         return count
 
-    def _round(self, lanes: list[Lane], shared: _Shared, sink: Sink, reorder: _Reorder | None, ordered: bool,
-               serial: bool, config: SchedulerConfig, on_result, on_faces, save_faces: bool) -> None:
+    def _round(self, lanes: list[Lane], shared: SharedQueue, sink: Sink, reorder: ReorderBuffer | None,
+               tracker: OrderedTracker | None, serial: bool, config: SchedulerConfig, on_result, on_faces,
+               save_faces: bool) -> None:
         """One thread per device until the queue is empty; a lost device's failed inputs go back in it."""
         def work(lane: Lane) -> None:
-            lane_source = _LaneSource(shared, lane, ordered)
-            lane_sink = _LaneSink(sink, lane_source, reorder)
+            lane_source = LaneSource(shared, lane)
+            lane_sink = LaneSink(sink, lane_source, reorder, tracker)
 
             def settle(job: ImageJob) -> None:
                 index = lane_source.taken[job.index]
                 if job.status == "error" and not lane.lost and is_device_failure(job.error):
                     lane.lose(job.error)
-                if job.status in ("error", "dropped") and lane.lost and not shared.stopped:
-                    lane.retried += 1
+                redo = tracker is not None and tracker.take_redo(index)
+                if redo or (job.status in ("error", "dropped") and lane.lost and not shared.stopped):
+                    lane.retried += not redo
                     lane_source.handed_on.add(index)
                     shared.give_back(index)          # another device takes it (the same input, the same way)
                     return
                 job.index = index
                 lane.images += 1
-                shared.results[index] = job
                 if reorder is not None and job.status not in ("ok", "no_face"):
-                    reorder.offer(index, None)
+                    # an ordered sink gets a failed job too (a video writes that frame as it came in)
+                    kept = None
+                    if job.status == "error":
+                        kept = copy.copy(job)
+                        kept.meta = shared.items[index].meta     # the lane may have let go of its own
+                    reorder.offer(index, kept)
+                    job.release(meta=True)
+                shared.settle(index, job)
+                if tracker is not None:
+                    tracker.forget(index)
                 if on_result is not None:
                     on_result(job)
 
@@ -420,7 +339,7 @@ class DevicePool:
             try:
                 summary = lane.pipeline.run(lane_source, lane_sink, serial=serial, config=config, on_result=settle,
                                             on_faces=self._counting(lane, on_faces), save_faces=save_faces,
-                                            save_mask=self._save_mask)
+                                            tracker=tracker, save_mask=self._save_mask)
                 if summary.interrupted and not shared.stopped:
                     # Ctrl-C reaches the main thread, which stops the shared queue first; a lane's run that ends
                     # interrupted on its own had one of its threads fail (the scheduler printed the traceback)
@@ -431,7 +350,7 @@ class DevicePool:
                         index = lane_source.taken[local] if local < len(lane_source.taken) else None
                         if index is not None and index not in shared.results:
                             job.index = index
-                            shared.results[index] = job
+                            shared.settle(index, job)
             except KeyboardInterrupt:                # stop the others too
                 shared.stopped = True
             except BaseException as e:               # a bug in this lane: the others take its inputs, as for a loss

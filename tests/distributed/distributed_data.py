@@ -60,8 +60,8 @@ def cpu_model():
 class LosesDevice(Restorer):
     """A CPU restorer whose device is lost after `after` batches (every later batch raises as CUDA would)."""
 
-    def __init__(self, after: int, lost: threading.Event | None = None):
-        super().__init__(cpu_model(), device="cpu", size=256, max_batch=3)
+    def __init__(self, after: int, lost: threading.Event | None = None, max_batch: int = 3):
+        super().__init__(cpu_model(), device="cpu", size=256, max_batch=max_batch)
         self.after = after
         self.lost = lost
         self.calls = 0
@@ -79,8 +79,8 @@ class WaitsForLoss(Restorer):
     """A healthy CPU restorer that starts its first batch only once the other device is lost, so that the lost
     device is sure to have had work (the wait is bounded so a broken run fails instead of hanging)."""
 
-    def __init__(self, lost: threading.Event):
-        super().__init__(cpu_model(), device="cpu", size=256, max_batch=3)
+    def __init__(self, lost: threading.Event, max_batch: int = 3):
+        super().__init__(cpu_model(), device="cpu", size=256, max_batch=max_batch)
         self.lost = lost
 
     def submit(self, crops, download: bool = True):

@@ -27,6 +27,7 @@ from gpen_tune.pipeline.api import Pipeline, enhance
 from gpen_tune.pipeline.scheduler import SchedulerConfig
 from gpen_tune.pipeline.sinks import MemorySink
 from gpen_tune.pipeline.sources import ArraySource
+from gpen_tune.video.stream import enhance_frames
 
 SMALL = SchedulerConfig(workers=1, prepare_workers=1, max_inflight=2)
 
@@ -158,23 +159,62 @@ def test_parse_devices_and_failure_kinds() -> None:
     assert not is_device_failure("photo.jpg: not an image (or a format Pillow cannot read)")
 
 
-def test_a_video_runs_on_one_device_of_a_pool_as_on_one_pipeline(tmp_path: Path) -> None:
-    """A video keeps its tracker's frame order: the pool runs it on its first device, the same as one pipeline."""
-    import av
+# Videos: one face per generator batch (batch_size 1) and one frame per detector call (prepare_workers 1), so that
+# each face's pixels do not depend on which frames share a batch: the restored frames must then equal one pipeline's
+# exactly. They are compared before the encoder, which does not write the same bits twice even on one device.
+VIDEO = SchedulerConfig(workers=1, prepare_workers=1, max_inflight=2)
+FRAMES = 8
+
+
+@pytest.fixture(scope="module")
+def one_video(tmp_path_factory) -> tuple[Path, list[np.ndarray], list[np.ndarray]]:
+    """A clip made of the bundled photo: (clip, its decoded frames, the frames one pipeline restores); one
+    pipeline's file of it in "plain" beside the clip."""
     from video.clips import make_clip
 
-    clip = make_clip(tmp_path / "clip.mp4", n=6, audio=False, subtitles=False)
-    plain = enhance([clip], tmp_path / "plain", settings())
-    with DevicePool(settings(), devices=["cpu", "cpu"]) as pool:
-        shared = enhance([clip], tmp_path / "pool", pipeline=pool)
+    from gpen_tune.video.reader import VideoReader
+
+    clip = make_clip(tmp_path_factory.mktemp("video") / "clip.mp4", n=FRAMES, audio=False, subtitles=False)
+    frames = [frame.image for frame in VideoReader(clip, upright=True)]
+    with Pipeline(settings(batch_size=1)) as one:
+        restored = list(enhance_frames(frames, one, 25, config=VIDEO))
+        assert enhance([clip], clip.parent / "plain", pipeline=one, config=VIDEO).exit_code == 0
+    assert len(restored) == FRAMES
+    return clip, frames, restored
+
+
+def video_frames(path: Path) -> np.ndarray:
+    import av
+
+    with av.open(str(path)) as f:
+        return np.stack([fr.to_ndarray(format="rgb24") for fr in f.decode(video=0)]).astype(np.int32)
+
+
+def test_a_video_spreads_over_the_devices_as_one_pipeline(one_video, tmp_path: Path) -> None:
+    """Every device detects, restores and pastes frames of the one video (the tracker called in frame order across
+    them): the restored frames are those of one pipeline, and the file is written whole."""
+    clip, frames, expected = one_video
+    with DevicePool(settings(batch_size=1), devices=["cpu", "cpu"]) as pool:
+        restored = list(enhance_frames(frames, pool, 25, config=VIDEO))
         lanes = pool.device_summary()
-    assert plain.exit_code == shared.exit_code == 0
-    assert shared.jobs[0].video["frames"] == plain.jobs[0].video["frames"] == 6
-    assert shared.jobs[0].video["faces"] == plain.jobs[0].video["faces"] > 0
-    assert [lane["images"] for lane in lanes] == [6, 0]
+        written = enhance([clip], tmp_path / "pool", pipeline=pool, config=VIDEO)
+    assert len(restored) == FRAMES and all(np.array_equal(a, b) for a, b in zip(restored, expected, strict=True))
+    assert all(lane["images"] > 0 and lane["faces"] > 0 for lane in lanes)            # both devices had frames
+    assert sum(lane["images"] for lane in lanes) == FRAMES
+    video = written.jobs[0].video
+    assert written.exit_code == 0 and video["frames"] == FRAMES and video["passed_through"] == 0
+    assert video["faces"] == sum(lane["faces"] for lane in lanes) > 0
+    plain = video_frames(clip.parent / "plain" / "clip.mp4")              # the encoder's own run-to-run noise
+    assert np.abs(video_frames(tmp_path / "pool" / "clip.mp4") - plain).mean() < 0.5
 
-    def frames(path: Path) -> np.ndarray:
-        with av.open(str(path)) as f:
-            return np.stack([fr.to_ndarray(format="rgb24") for fr in f.decode(video=0)]).astype(np.int32)
 
-    assert np.abs(frames(tmp_path / "plain" / "clip.mp4") - frames(tmp_path / "pool" / "clip.mp4")).mean() < 0.5
+def test_a_device_lost_mid_video_has_its_frames_redone_elsewhere(one_video) -> None:
+    _, frames, expected = one_video
+    lost = threading.Event()
+    restorers = [LosesDevice(after=2, lost=lost, max_batch=1), WaitsForLoss(lost, max_batch=1)]
+    with DevicePool(settings(batch_size=1), devices=["cpu", "cpu"], restorers=restorers) as pool:
+        restored = list(enhance_frames(frames, pool, 25, config=VIDEO))
+        first, second = pool.device_summary()
+    assert len(restored) == FRAMES and all(np.array_equal(a, b) for a, b in zip(restored, expected, strict=True))
+    assert "device lost" in first["lost"] and first["retried_elsewhere"] >= 1 and first["faces"] == 2
+    assert second["lost"] is None and first["images"] + second["images"] == FRAMES
