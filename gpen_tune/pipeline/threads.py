@@ -253,7 +253,13 @@ class _Run:
             raise
         except Exception as exc:
             for job in jobs:
-                self._fail(job, exc)
+                if self.sequenced:      # the sequencer waits for every index: a failed frame passes through it too
+                    job.fail(one_line(job.source, exc))
+                    job.release()
+                    if not self._put(self.seq_q, job):
+                        return False
+                else:
+                    self._fail(job, exc)
             return True
         finally:
             self._add_time("prepare_s", time.perf_counter() - t0)

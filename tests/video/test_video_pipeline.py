@@ -4,6 +4,7 @@ a sine-tone audio track and subtitles), a tiny synthetic GPEN and the offline MT
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 
 import av
@@ -150,3 +151,36 @@ def test_frames_from_any_iterator_come_back_restored_in_order(pipeline):
     out = list(enhance_frames(iter(frames), pipeline, fps=25))
     assert len(out) == 5 and all(o.shape == f.shape for o, f in zip(out, frames, strict=True))
     assert all(np.abs(o.astype(int) - f.astype(int)).max() > 20 for o, f in zip(out, frames, strict=True))
+
+
+def test_a_frame_whose_detection_fails_passes_through_and_the_rest_follow():
+    """A tracked (ordered) source whose detector fails on one frame: that frame comes back as it came in, every
+    other frame is restored, in order, and the run ends (the ordered tracking step does not wait for the failed
+    frame forever)."""
+    from gpen_tune.face.detect import MTCNNDetector
+    from gpen_tune.pipeline.scheduler import SchedulerConfig
+
+    class FailsThirdCall(MTCNNDetector):
+        calls = 0
+
+        def detect(self, images):
+            self.calls += 1
+            if self.calls == 3:
+                raise RuntimeError("the detector failed on this frame")
+            return super().detect(images)
+
+    model = load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cpu")
+    frames = list(moving_frames(6, (320, 240)))
+    with Pipeline(EnhanceSettings(device="cpu", detector="mtcnn", batch_size=4), model=model,
+                  detector=FailsThirdCall("cpu")) as pipe:
+        out: list[np.ndarray] = []
+        run = threading.Thread(target=lambda: out.extend(enhance_frames(
+            iter(frames), pipe, fps=25, config=SchedulerConfig(workers=1, prepare_workers=1))), daemon=True)
+        run.start()
+        run.join(timeout=180)                                       # a hang fails the test instead of the suite
+        assert not run.is_alive(), "the run waits for the failed frame"
+    assert len(out) == 6
+    same = [np.array_equal(o, f) for o, f in zip(out, frames, strict=True)]
+    assert same.count(True) == 1                                    # the failed frame, unchanged
+    assert all(np.abs(o.astype(int) - f.astype(int)).max() > 20
+               for o, f, s in zip(out, frames, same, strict=True) if not s)
