@@ -131,10 +131,11 @@ def test_ordered_sink_gets_source_order_across_devices_and_a_loss() -> None:
         expected = OrderedRecorder()
         one.run(ArraySource(tiles), expected, config=SMALL)
     lost = threading.Event()
-    with DevicePool(settings(), devices=["cpu", "cpu"], restorers=[LosesDevice(after=1, lost=lost),
+    with DevicePool(settings(), devices=["cpu", "cpu"], restorers=[LosesDevice(after=0, lost=lost),
                                                                    WaitsForLoss(lost)]) as pool:
         sink = OrderedRecorder()
         summary = pool.run(ArraySource(tiles), sink, config=SMALL)
+    assert lost.is_set()                              # the first device was lost at its first batch
     assert sink.order == list(range(6)) == expected.order
     assert [j.index for j in summary.results] == list(range(6)) and summary.failed == 0
     for i in range(6):
