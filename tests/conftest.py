@@ -1,5 +1,6 @@
 """Shared pytest set-up: the tests directory is importable from every folder (reference implementations and
-test data live there), threads bounded, and `gpu` tests skipped where no CUDA device is visible."""
+test data live there), threads bounded, the shared fixtures, and `gpu` tests skipped where no CUDA device is
+visible."""
 
 from __future__ import annotations
 
@@ -11,6 +12,25 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """An empty cache dir via GPEN_TUNE_HOME."""
+    d = tmp_path / "cache"
+    monkeypatch.setenv("GPEN_TUNE_HOME", str(d))
+    return d
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`): on a small shared
+    CI machine two busy-waiting threads per process are many times slower than one (measured here: 0.1 s vs 0.7 s
+    per tiny forward under load)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

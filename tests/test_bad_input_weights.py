@@ -46,12 +46,6 @@ def server(tmp_path_factory):
     httpd.server_close()
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    d = tmp_path / "cache"
-    monkeypatch.setenv("GPEN_TUNE_HOME", str(d))
-    return d
-
 
 def cli(home, *args: str):
     return CliRunner().invoke(app, list(args), env={"GPEN_TUNE_HOME": str(home)})

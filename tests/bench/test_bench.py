@@ -14,15 +14,7 @@ from typer.testing import CliRunner
 from gpen_tune.bench import SCHEMA, select_rows
 from gpen_tune.cli.bench import bench
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: on a small shared CI machine two busy-waiting threads per process are many times
-    slower than one (measured here: 0.1 s vs 0.7 s per tiny forward under load)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.one_thread
 
 
 

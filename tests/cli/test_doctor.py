@@ -5,20 +5,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 from typer.testing import CliRunner
 
 from gpen_tune import doctor
 from gpen_tune.cli import app
 from gpen_tune.weights import pins
-
-
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    d = tmp_path / "cache"
-    monkeypatch.setenv("GPEN_TUNE_HOME", str(d))
-    return d
 
 
 def test_report_has_the_documented_keys(home):

@@ -44,13 +44,6 @@ def server():
     httpd.server_close()
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    """An empty cache dir via GPEN_TUNE_HOME."""
-    d = tmp_path / "cache"
-    monkeypatch.setenv("GPEN_TUNE_HOME", str(d))
-    return d
-
 
 def test_first_download_is_verified_and_pinned_then_served_from_cache(server, home):
     url = server.url("v1/GPEN-BFR-256.pth")
