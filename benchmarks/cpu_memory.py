@@ -21,12 +21,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+
+from results_file import write_result  # noqa: E402
 
 TARGET_GB = {"GPEN-BFR-256": 1.0, "GPEN-BFR-512": 1.5}
 
@@ -79,12 +80,7 @@ def main() -> None:
         "cores": os.cpu_count(),
     }
     print(json.dumps(result, indent=1))
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}_cpu_memory_{args.model}.json"
-    tmp_path = path.with_suffix(".tmp")
-    tmp_path.write_text(json.dumps(result, indent=1))
-    tmp_path.rename(path)
-    print(path)
+    print(write_result(args.out, f"cpu_memory_{args.model}", result))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from results_file import write_result  # noqa: E402
+
 from gpen_tune.face import samples  # noqa: E402
 from gpen_tune.pipeline import EnhanceSettings, Pipeline, enhance  # noqa: E402
 from gpen_tune.tune.options import PRESETS, GiB, choose_preset  # noqa: E402
@@ -162,14 +164,9 @@ def main() -> None:
     result = {"command": "python " + " ".join(shlex.quote(a) for a in sys.argv), "torch": torch.__version__,
               "device_name": torch.cuda.get_device_name(), **run(args)}
     print(json.dumps({k: v for k, v in result.items() if k != "fallbacks"}, indent=1))
-    args.out.mkdir(parents=True, exist_ok=True)
     tag = "".join([f"_bs{args.batch}" if args.batch else "", f"_paste-{args.paste}" if args.paste != "auto" else "",
                    "_expandable" if args.expandable else ""])
-    path = args.out / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}_low_memory_{args.preset}{tag}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.rename(path)
-    print(path)
+    print(write_result(args.out, f"low_memory_{args.preset}{tag}", result))
 
 
 if __name__ == "__main__":
