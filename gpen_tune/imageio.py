@@ -359,12 +359,24 @@ def output_format(ext: str | None, pic: Picture) -> tuple[str, str]:
     return fmt, FORMAT_TO_EXT[fmt]
 
 
+def _temp_beside(path: Path) -> str:
+    """A new empty temp file next to `path`, named as `partial_pattern` describes."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    os.close(fd)
+    return tmp
+
+
+def partial_pattern(name_glob: str) -> str:
+    """Glob of the temp files `write_image` and `copy_file` leave beside a file matching `name_glob` when their
+    process dies mid-write (a live write's temp file matches too)."""
+    return f".{name_glob}.*.part"
+
+
 def write_image(pic: Picture, path: str | Path, fmt: str | None = None) -> Path:
     """Encode `pic` to `path` atomically (temp file in the same folder, then os.replace)."""
     path = Path(path)
     fmt = fmt or EXT_TO_FORMAT.get(path.suffix.lower().lstrip("."), "PNG")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    os.close(fd)
+    tmp = _temp_beside(path)
     try:
         if pic.bits == 16 and fmt in ("PNG", "TIFF"):
             _write_16_bit(pic, Path(tmp), fmt)
@@ -381,8 +393,7 @@ def write_image(pic: Picture, path: str | Path, fmt: str | None = None) -> Path:
 def copy_file(src: str | Path, path: str | Path) -> Path:
     """Byte-for-byte copy through a temp file and os.replace (images no face was pasted into)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    os.close(fd)
+    tmp = _temp_beside(path)
     try:
         shutil.copyfile(src, tmp)
         os.chmod(tmp, 0o666 & ~_UMASK)

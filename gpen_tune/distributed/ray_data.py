@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpen_tune.distributed.ray_import import RayMissing, import_ray  # noqa: F401 (RayMissing: for callers)
+from gpen_tune.distributed.ray_import import import_ray
 from gpen_tune.face.detect import Detection, default_notify, init_detector
 from gpen_tune.face.parse import FaceParser
 from gpen_tune.imageio import ImageReadError, read_image

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from gpen_tune.face.detect import Detection
+from gpen_tune.imageio import partial_pattern
 from gpen_tune.pipeline.job import FaceCrop, ImageJob
 from gpen_tune.pipeline.outputs import OutputNaming
 from gpen_tune.pipeline.scheduler import SchedulerConfig
@@ -100,14 +101,14 @@ def exit_line(exitcode: int | None) -> str:
 def remove_partial_writes(naming: OutputNaming, stem: str) -> list[Path]:
     """Remove the temp files that encodes of input `stem` left when their process died mid-write; the removed paths.
 
-    `imageio.write_image` and `copy_file` write `.<file name>.<random>.part` next to the file they make: the photo
-    (named by `naming`) and its side files (`faces/<stem>_faceNN.<ext>`, `comparisons/<stem>.<ext>`). Only call this
-    when no process writes these outputs any more: a live encoder's temp file has the same name."""
+    The photo (named by `naming`) and its side files (`faces/<stem>_faceNN.<ext>`, `comparisons/<stem>.<ext>`) are
+    written through `imageio`, whose temp files `imageio.partial_pattern` names. Only call this when no process
+    writes these outputs any more: a live encoder's temp file has the same name."""
     name, folder = Path(stem).name, Path(stem).parent
     photo = glob.escape(naming.pattern.format(name=name, suffix=naming.suffix, ext="\0")).replace("\0", "*")
-    places = [(naming.outdir / folder, f".{photo}.*.part"),
-              (naming.outdir / "faces" / folder, f".{glob.escape(name)}_face*.*.part"),
-              (naming.outdir / "comparisons" / folder, f".{glob.escape(name)}.*.part")]
+    places = [(naming.outdir / folder, partial_pattern(photo)),
+              (naming.outdir / "faces" / folder, partial_pattern(f"{glob.escape(name)}_face*")),
+              (naming.outdir / "comparisons" / folder, partial_pattern(f"{glob.escape(name)}.*"))]
     removed = []
     for where, pattern in places:
         for path in where.glob(pattern):

@@ -15,6 +15,7 @@ path; every method is safe to call from several threads.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -125,9 +126,10 @@ class Stages:
     def restoring(self) -> bool:
         return self.settings.strength > 0
 
-    @property
+    @functools.cached_property
     def device_paste_possible(self) -> bool:
-        """Whether any image can take the device paste (the scheduler then keeps restored crops there)."""
+        """Whether any image can take the device paste (the scheduler then keeps restored crops there). Fixed for
+        the stages' life, read once: `uses_device_paste` asks it for every image."""
         s = self.settings
         if s.paste == "cpu" or self.device.type != "cuda" or not self.face_crop or s.aligned:
             return False
