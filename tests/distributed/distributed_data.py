@@ -79,12 +79,12 @@ class WaitsForLoss(Restorer):
     """A healthy CPU restorer that starts its first batch only once the other device is lost, so that the lost
     device is sure to have had work (the wait is bounded so a broken run fails instead of hanging)."""
 
-    def __init__(self, lost: threading.Event, max_batch: int = 3):
+    def __init__(self, lost: threading.Event, max_batch: int = 3, wait_s: float = 120.0):
         super().__init__(cpu_model(), device="cpu", size=256, max_batch=max_batch)
-        self.lost = lost
+        self.lost, self.wait_s = lost, wait_s
 
     def submit(self, crops, download: bool = True):
-        self.lost.wait(timeout=120)
+        self.lost.wait(timeout=self.wait_s)
         return super().submit(crops, download)
 
 

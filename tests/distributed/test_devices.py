@@ -87,14 +87,18 @@ def test_a_failed_lane_hands_its_inputs_on(plain, tmp_path: Path, serial: bool, 
     the files are those of one pipeline, the summary names the failed lane."""
     folder, outputs, status = plain
     failed = threading.Event()
-    with DevicePool(settings(), devices=["cpu", "cpu"], restorers=[FailsLane(error, failed),
-                                                                   WaitsForLoss(failed)]) as pool:
+    # serial lanes take one input at a time: the failing lane may be left only inputs without faces (it then never
+    # calls its restorer), so the healthy lane waits a bounded while and the loss is asserted when it happened
+    healthy = WaitsForLoss(failed, wait_s=15.0 if serial else 120.0)
+    with DevicePool(settings(), devices=["cpu", "cpu"], restorers=[FailsLane(error, failed), healthy]) as pool:
         result = enhance([folder], tmp_path / "out", ext=EXT, pipeline=pool, config=SMALL, serial=serial)
         first, second = pool.device_summary()
     assert_same_outputs(read_outputs(tmp_path / "out"), outputs)
     assert statuses(result) == status and result.exit_code == 1 and not result.summary.interrupted
-    assert first["lost"].startswith(reason) and first["retried_elsewhere"] >= 1 and first["faces"] == 0
-    assert second["lost"] is None and second["faces"] == result.summary.faces > 0
+    assert failed.is_set() or serial                                  # threaded: the failing lane always had work
+    if failed.is_set():
+        assert first["lost"].startswith(reason) and first["retried_elsewhere"] >= 1
+    assert first["faces"] == 0 and second["lost"] is None and second["faces"] == result.summary.faces > 0
 
 
 def test_every_device_lost_fails_each_input_in_one_line(tmp_path: Path) -> None:
