@@ -3,7 +3,8 @@
 # Safe to re-run (what is installed already is kept). Prints each step, pip's progress, and at the end how long
 # it took and how large .venv is.
 # Usage: sh scripts/setup.sh [--dev]      (--dev adds pytest, ruff and the optional extras the tests cover: Ray
-#                                          for --ray, spandrel for --bg-upsampler)
+#                                          for --ray, spandrel for --bg-upsampler; the versions the golden
+#                                          outputs were made with: tests/constraints.txt)
 set -eu
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -19,9 +20,11 @@ fi
 PIP=".venv/bin/python -m pip"
 extras=""
 with_dev=""
+pins=""
 if [ "${1:-}" = "--dev" ]; then
     extras="[dev,ray,upscale]"
-    with_dev=", with pytest, ruff, Ray and spandrel"
+    with_dev=", with pytest, ruff, Ray and spandrel (OpenCV pinned to the goldens' version: tests/constraints.txt)"
+    pins="-c tests/constraints.txt"
 fi
 
 # torch first, in the range the package accepts (pip picks the build for this platform)
@@ -29,7 +32,8 @@ step "1/3 torch and torchvision: the largest part (a few GB with CUDA libraries 
 $PIP install --progress-bar on "torch>=2.4,<2.15" "torchvision>=0.19,<0.30"
 
 step "2/3 gpen-tune (editable) and its dependencies${with_dev}: opencv, pillow, facexlib, scikit-image, matplotlib, typer, rich, libcst"
-$PIP install --progress-bar on -e ".${extras}"
+# shellcheck disable=SC2086  # $pins is empty or two words
+$PIP install --progress-bar on -e ".${extras}" $pins
 
 # facenet-pytorch ships the MTCNN weights (MIT) that make detection work offline; its metadata pins
 # torch<2.3 although the code runs on current torch, hence --no-deps (its real needs are installed above).

@@ -58,33 +58,43 @@ def cpu_model():
 
 
 class LosesDevice(Restorer):
-    """A CPU restorer whose device is lost after `after` batches (every later batch raises as CUDA would)."""
+    """A CPU restorer whose device is lost after `after` batches (every later batch raises as CUDA would).
 
-    def __init__(self, after: int, lost: threading.Event | None = None, max_batch: int = 3):
+    `done` is set once its `after` good batches are submitted: a `WaitsForLoss` device waiting on it starts then,
+    while this device still takes inputs (its next batch is the lost one), so the loss is sure to come mid-run."""
+
+    def __init__(self, after: int, done: threading.Event | None = None, max_batch: int = 3):
         super().__init__(cpu_model(), device="cpu", size=256, max_batch=max_batch)
         self.after = after
-        self.lost = lost
+        self.done = done
         self.calls = 0
 
     def submit(self, crops, download: bool = True):
         self.calls += 1
         if self.calls > self.after:
-            if self.lost is not None:
-                self.lost.set()
+            if self.done is not None:
+                self.done.set()
             raise RuntimeError("CUDA error: device lost")
-        return super().submit(crops, download)
+        pending = super().submit(crops, download)
+        if self.calls == self.after and self.done is not None:
+            self.done.set()
+        return pending
 
 
 class WaitsForLoss(Restorer):
-    """A healthy CPU restorer that starts its first batch only once the other device is lost, so that the lost
-    device is sure to have had work (the wait is bounded so a broken run fails instead of hanging)."""
+    """A healthy CPU restorer that starts its first batch only once the other device has done its work before
+    the loss, so that the lost device is sure to have had work (the wait is bounded, once, so that a broken run
+    fails instead of hanging)."""
 
-    def __init__(self, lost: threading.Event, max_batch: int = 3, wait_s: float = 120.0):
+    def __init__(self, other_done: threading.Event, max_batch: int = 3, wait_s: float = 120.0):
         super().__init__(cpu_model(), device="cpu", size=256, max_batch=max_batch)
-        self.lost, self.wait_s = lost, wait_s
+        self.other_done, self.wait_s = other_done, wait_s
+        self.waited = False
 
     def submit(self, crops, download: bool = True):
-        self.lost.wait(timeout=self.wait_s)
+        if not self.waited:
+            self.other_done.wait(timeout=self.wait_s)
+            self.waited = True
         return super().submit(crops, download)
 
 

@@ -63,7 +63,7 @@ def test_two_devices_equal_one(plain, tmp_path: Path) -> None:
 def test_lost_device_work_is_retried_on_the_other(plain, tmp_path: Path) -> None:
     folder, outputs, status = plain
     lost = threading.Event()
-    restorers = [LosesDevice(after=0, lost=lost), WaitsForLoss(lost)]
+    restorers = [LosesDevice(after=0, done=lost), WaitsForLoss(lost)]
     with DevicePool(settings(), devices=["cpu", "cpu"], restorers=restorers) as pool:
         result = enhance([folder], tmp_path / "out", ext=EXT, pipeline=pool, config=SMALL)
         first, second = pool.device_summary()
@@ -135,7 +135,7 @@ def test_ordered_sink_gets_source_order_across_devices_and_a_loss() -> None:
         expected = OrderedRecorder()
         one.run(ArraySource(tiles), expected, config=SMALL)
     lost = threading.Event()
-    with DevicePool(settings(), devices=["cpu", "cpu"], restorers=[LosesDevice(after=0, lost=lost),
+    with DevicePool(settings(), devices=["cpu", "cpu"], restorers=[LosesDevice(after=0, done=lost),
                                                                    WaitsForLoss(lost)]) as pool:
         sink = OrderedRecorder()
         summary = pool.run(ArraySource(tiles), sink, config=SMALL)
@@ -216,7 +216,7 @@ def test_a_video_spreads_over_the_devices_as_one_pipeline(one_video, tmp_path: P
 def test_a_device_lost_mid_video_has_its_frames_redone_elsewhere(one_video) -> None:
     _, frames, expected = one_video
     lost = threading.Event()
-    restorers = [LosesDevice(after=2, lost=lost, max_batch=1), WaitsForLoss(lost, max_batch=1)]
+    restorers = [LosesDevice(after=2, done=lost, max_batch=1), WaitsForLoss(lost, max_batch=1)]
     with DevicePool(settings(batch_size=1), devices=["cpu", "cpu"], restorers=restorers) as pool:
         restored = list(enhance_frames(frames, pool, 25, config=VIDEO))
         first, second = pool.device_summary()
