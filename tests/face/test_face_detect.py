@@ -208,7 +208,8 @@ def test_images_per_call_follow_the_memory_the_process_may_use():
 
 def test_rnet_onet_in_chunks_equal_one_call():
     """facenet's CPU driver gets R-Net / O-Net wrapped to run at most CPU_BOXES_PER_CALL boxes at a time (a lower
-    memory peak); the outputs are those of one call over every box, to the bit."""
+    memory peak); the outputs are those of one call over every box, to float32 rounding (bit-equal on an AMD EPYC
+    Zen 4; on an Intel Xeon, O-Net's dense layers round by batch size: 1.2e-7 apart)."""
     from gpen_tune.face.detect.mtcnn import CPU_BOXES_PER_CALL, InChunks
 
     det = MTCNNDetector("cpu")
@@ -219,4 +220,4 @@ def test_rnet_onet_in_chunks_equal_one_call():
             whole, chunked = net(boxes), InChunks(net)(boxes)
         assert len(whole) == len(chunked)
         for a, b in zip(whole, chunked, strict=True):
-            assert torch.equal(a, b)
+            assert a.shape == b.shape and float((a - b).abs().max()) <= 1e-6
