@@ -257,8 +257,9 @@ def run_command(names, output: Path, settings, tune, *, recursive, ext, suffix, 
     t0 = time.perf_counter()
     try:
         check_output_dir(output)             # an unusable -o fails before the model and its notices
-        pipe = build(settings, tune, notify=notice)
-        detector_name = pipe.prepare()       # a missing detector or parser file fails before any image
+        with _interrupted_while_building(output, created):
+            pipe = build(settings, tune, notify=notice)
+            detector_name = pipe.prepare()   # a missing detector or parser file fails before any image
     except user_errors() as e:
         _remove_if_empty(output, created)
         raise failure(e) from None
@@ -305,6 +306,32 @@ def _remove_if_empty(folder: Path, created: bool) -> None:
     """A failed validation leaves no empty output folder behind (only one this command created)."""
     if created and folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
+
+
+class _interrupted_while_building:
+    """Ctrl-C while the pipeline is built (model, detector, kernels): exit 130 at once with one line. Nothing is
+    written yet, and a KeyboardInterrupt raised there can land inside a Python callback of native code (torch's
+    extensions), which aborts the process instead of unwinding it."""
+
+    def __init__(self, output: Path, created: bool):
+        self.output, self.created = output, created
+        self.previous = None
+
+    def _handler(self, signum, frame) -> None:
+        _remove_if_empty(self.output, self.created)
+        err.print("\n[bold red]interrupted[/] while starting: nothing was written")
+        os._exit(130)
+
+    def __enter__(self) -> _interrupted_while_building:
+        try:
+            self.previous = signal.signal(signal.SIGINT, self._handler)
+        except ValueError:                      # not the main thread (e.g. inside a test runner's thread)
+            self.previous = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
 
 
 class _interrupts:
