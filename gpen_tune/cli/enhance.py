@@ -308,21 +308,15 @@ def _remove_if_empty(folder: Path, created: bool) -> None:
         folder.rmdir()
 
 
-class _interrupted_while_building:
-    """Ctrl-C while the pipeline is built (model, detector, kernels): exit 130 at once with one line. Nothing is
-    written yet, and a KeyboardInterrupt raised there can land inside a Python callback of native code (torch's
-    extensions), which aborts the process instead of unwinding it."""
+class _SigintScope:
+    """Installs `self._handler` for Ctrl-C inside a `with` block (the previous handler comes back after it)."""
 
-    def __init__(self, output: Path, created: bool):
-        self.output, self.created = output, created
-        self.previous = None
+    previous = None
 
     def _handler(self, signum, frame) -> None:
-        _remove_if_empty(self.output, self.created)
-        err.print("\n[bold red]interrupted[/] while starting: nothing was written")
-        os._exit(130)
+        raise NotImplementedError
 
-    def __enter__(self) -> _interrupted_while_building:
+    def __enter__(self):
         try:
             self.previous = signal.signal(signal.SIGINT, self._handler)
         except ValueError:                      # not the main thread (e.g. inside a test runner's thread)
@@ -334,14 +328,27 @@ class _interrupted_while_building:
             signal.signal(signal.SIGINT, self.previous)
 
 
-class _interrupts:
+class _interrupted_while_building(_SigintScope):
+    """Ctrl-C while the pipeline is built (model, detector, kernels): exit 130 at once with one line. Nothing is
+    written yet, and a KeyboardInterrupt raised there can land inside a Python callback of native code (torch's
+    extensions), which aborts the process instead of unwinding it."""
+
+    def __init__(self, output: Path, created: bool):
+        self.output, self.created = output, created
+
+    def _handler(self, signum, frame) -> None:
+        _remove_if_empty(self.output, self.created)
+        err.print("\n[bold red]interrupted[/] while starting: nothing was written")
+        os._exit(130)
+
+
+class _interrupts(_SigintScope):
     """Ctrl-C once: stop taking new images, finish the files being written, summary, exit 130. Twice: exit 130 at
     once (temp files of this run removed first: no partial output, no abort from threads inside native code)."""
 
     def __init__(self, output: Path):
         self.output = output
         self.count = 0
-        self.previous = None
         self.started = time.time()
 
     def _handler(self, signum, frame) -> None:
@@ -356,14 +363,3 @@ class _interrupts:
                 pass
         err.print("\n[bold red]interrupted twice:[/] stopped at once; every file written is complete")
         os._exit(130)
-
-    def __enter__(self) -> _interrupts:
-        try:
-            self.previous = signal.signal(signal.SIGINT, self._handler)
-        except ValueError:                      # not the main thread (e.g. inside a test runner's thread)
-            self.previous = None
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)

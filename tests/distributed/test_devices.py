@@ -215,8 +215,8 @@ def test_a_video_spreads_over_the_devices_as_one_pipeline(one_video, tmp_path: P
 
 def test_a_device_lost_mid_video_has_its_frames_redone_elsewhere(one_video) -> None:
     _, frames, expected = one_video
-    lost = threading.Event()
-    restorers = [LosesDevice(after=2, done=lost, max_batch=1), WaitsForLoss(lost, max_batch=1, wait_s=10.0)]
+    done = threading.Event()
+    restorers = [LosesDevice(after=2, done=done, max_batch=1), WaitsForLoss(done, max_batch=1, wait_s=10.0)]
     with DevicePool(settings(batch_size=1), devices=["cpu", "cpu"], restorers=restorers) as pool:
         restored = list(enhance_frames(frames, pool, 25, config=VIDEO))
         first, second = pool.device_summary()
