@@ -60,8 +60,8 @@ def cpu_model():
 class LosesDevice(Restorer):
     """A CPU restorer whose device is lost after `after` batches (every later batch raises as CUDA would).
 
-    `done` is set once its `after` good batches are submitted: a `WaitsForLoss` device waiting on it starts then,
-    while this device still takes inputs (its next batch is the lost one), so the loss is sure to come mid-run."""
+    `done` is set once its `after` good batches are submitted (with `after=0`: at the loss): a `WaitsForLoss`
+    device waiting on it starts then, while this device still takes inputs; its next batch is the lost one."""
 
     def __init__(self, after: int, done: threading.Event | None = None, max_batch: int = 3):
         super().__init__(cpu_model(), device="cpu", size=256, max_batch=max_batch)
