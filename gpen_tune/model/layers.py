@@ -117,7 +117,7 @@ class EqualLinear(nn.Module):
     def __init__(self, in_dim: int, out_dim: int, bias: bool = True, bias_init: float = 0.0, lr_mul: float = 1.0,
                  activation: str | None = None):
         super().__init__()
-        self.weight = nn.Parameter(torch.randn(out_dim, in_dim) / lr_mul)
+        self.weight = nn.Parameter(torch.randn(out_dim, in_dim).div_(lr_mul))  # in place: see make_kernel
         self.bias = nn.Parameter(torch.full((out_dim,), float(bias_init))) if bias else None
         self.activation = activation
         self.scale = (1 / math.sqrt(in_dim)) * lr_mul

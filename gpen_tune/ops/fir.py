@@ -16,8 +16,11 @@ from gpen_tune.ops import fir_triton
 
 
 def make_kernel(k: tuple[int, ...] | list[int]) -> torch.Tensor:
-    """Outer product of a 1-D FIR with itself, normalised to sum 1 (StyleGAN2's `make_kernel`)."""
-    k1 = torch.tensor(k, dtype=torch.float32)
+    """Outer product of a 1-D FIR with itself, normalised to sum 1 (StyleGAN2's `make_kernel`).
+
+    Always made on the CPU (a few floats): inside a `torch.device("meta")` model build, arithmetic on meta tensors
+    runs PyTorch's Python reference kernels, which import torch._dynamo (~170 MB resident) on first use."""
+    k1 = torch.tensor(k, dtype=torch.float32, device="cpu")
     k2 = k1[None, :] * k1[:, None]
     return k2 / k2.sum()
 

@@ -15,6 +15,10 @@ only matter for an IoU within a few ULP of the threshold; with integer coordinat
 
 `impl`: "auto" (the kernel where it can run: CUDA tensors, or Triton's interpreter, and `num_groups` given),
 "torch" (the twin) or "triton" (the kernel; ValueError where Triton is missing).
+
+On the CPU the twin's greedy pass is `greedy_nms` (the same arithmetic as torchvision's CPU kernel, so the same
+boxes kept in the same order), and torchvision is not imported: on a CPU-only run it and the torch._dynamo it
+imports would hold ~180 MB of resident memory for one function.
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ from typing import Literal
 
 import numpy as np
 import torch
-import torchvision
 
 from gpen_tune.ops.triton_support import INTERPRET, tl, triton
 
@@ -65,7 +68,38 @@ def grouped_nms_torch(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.T
     b = boxes.double()
     span = b.max() - b.min() + 1
     shifted = b + (groups.double() * span)[:, None]
+    if not shifted.is_cuda:
+        return greedy_nms(shifted, scores.double(), iou)
+    import torchvision  # CUDA only: see the module text
+
     return torchvision.ops.nms(shifted, scores.double(), iou)
+
+
+def greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou: float) -> torch.Tensor:
+    """torchvision.ops.nms on the CPU, in numpy: boxes [N, 4] x1y1x2y2, kept indices in descending score order.
+
+    The same steps in the boxes' own dtype as torchvision's CPU kernel (a stable descending sort, areas without the
+    +1 pixel, IoU = inter / (area_a + area_b - inter), suppressed when IoU > `iou`; a NaN IoU suppresses nothing),
+    so the same boxes survive; each kept box is compared with all remaining boxes at once."""
+    if boxes.numel() == 0:
+        return torch.zeros(0, dtype=torch.long)
+    order = torch.sort(scores, descending=True, stable=True).indices.numpy()
+    b = boxes.detach().cpu().numpy()[order]
+    x0, y0, x1, y1 = b.T
+    area = (x1 - x0) * (y1 - y0)
+    zero = b.dtype.type(0)
+    left = np.arange(len(b))
+    kept = []
+    while left.size:
+        i, rest = left[0], left[1:]
+        kept.append(i)
+        w = np.maximum(np.minimum(x1[i], x1[rest]) - np.maximum(x0[i], x0[rest]), zero)
+        h = np.maximum(np.minimum(y1[i], y1[rest]) - np.maximum(y0[i], y0[rest]), zero)
+        inter = w * h
+        with np.errstate(invalid="ignore", divide="ignore"):
+            over = inter / (area[i] + area[rest] - inter)
+        left = rest[~(over.astype(np.float64) > iou)]
+    return torch.from_numpy(order[np.array(kept)]).long()
 
 
 def grouped_nms_triton(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, iou: float,

@@ -204,20 +204,3 @@ def test_images_per_call_follow_the_memory_the_process_may_use():
     assert images_per_call(24 * gib, None) < images_per_call(24 * gib, 1024)   # native size assumed large
     assert images_per_call(None, 1024) == MTCNN_MAX_BATCH         # the CPU: no device memory to bound
     assert MTCNNDetector("cpu").max_batch == MTCNN_MAX_BATCH
-
-
-def test_rnet_onet_in_chunks_equal_one_call():
-    """facenet's CPU driver gets R-Net / O-Net wrapped to run at most CPU_BOXES_PER_CALL boxes at a time (a lower
-    memory peak); the outputs are those of one call over every box, to float32 rounding (bit-equal on an AMD EPYC
-    Zen 4; on an Intel Xeon, O-Net's dense layers round by batch size: 1.2e-7 apart)."""
-    from gpen_tune.face.detect.mtcnn import CPU_BOXES_PER_CALL, InChunks
-
-    det = MTCNNDetector("cpu")
-    g = torch.Generator().manual_seed(0)
-    for net, side in ((det.rnet, 24), (det.onet, 48)):
-        boxes = torch.rand((CPU_BOXES_PER_CALL * 2 + 37, 3, side, side), generator=g) * 2 - 1
-        with torch.inference_mode():
-            whole, chunked = net(boxes), InChunks(net)(boxes)
-        assert len(whole) == len(chunked)
-        for a, b in zip(whole, chunked, strict=True):
-            assert a.shape == b.shape and float((a - b).abs().max()) <= 1e-6

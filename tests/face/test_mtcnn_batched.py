@@ -318,11 +318,12 @@ def test_stage1_equals_the_per_scale_version(keys, limits, monkeypatch):
 
 
 def counting(monkeypatch):
-    """Calls of the P-Net stage's host syncs on a GPU (nonzero's size, torchvision's nms), counted on the CPU."""
-    import torchvision
+    """Calls of the P-Net stage's host syncs on a GPU (nonzero's size, the nms pass: torchvision's on a GPU, its
+    CPU twin `greedy_nms` here), counted on the CPU."""
+    import gpen_tune.ops.nms as nms_ops
 
     calls = {"nonzero": 0, "nms": 0}
-    nonzero, nms = torch.Tensor.nonzero, torchvision.ops.nms
+    nonzero, nms = torch.Tensor.nonzero, nms_ops.greedy_nms
 
     def counted_nonzero(self, *args, **kwargs):
         calls["nonzero"] += 1
@@ -333,7 +334,7 @@ def counting(monkeypatch):
         return nms(*args, **kwargs)
 
     monkeypatch.setattr(torch.Tensor, "nonzero", counted_nonzero)
-    monkeypatch.setattr(torchvision.ops, "nms", counted_nms)
+    monkeypatch.setattr(nms_ops, "greedy_nms", counted_nms)
     return calls
 
 

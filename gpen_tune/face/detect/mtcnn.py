@@ -1,18 +1,19 @@
-"""MTCNN (`mtcnn`): facenet-pytorch's networks, whose weights ship inside the wheel (MIT): works offline. On a GPU
-driven by our batched driver (mtcnn_batched.py, P-Net from CUDA graphs: mtcnn_fixed.py), on the CPU by facenet's
-own (faster there)."""
+"""MTCNN (`mtcnn`): our P-/R-/O-Net (mtcnn_nets.py) with facenet-pytorch's weights, which ship inside its wheel
+(MIT): works offline. On a GPU driven by the batched driver (mtcnn_batched.py, P-Net from CUDA graphs:
+mtcnn_fixed.py), on the CPU by the one-image driver (mtcnn_cpu.py: faster there, and lean)."""
 
 from __future__ import annotations
 
 import threading
 
 import numpy as np
-import torch
 
 from gpen_tune.device_memory import cuda_total
 from gpen_tune.face.detect import mtcnn_batched
 from gpen_tune.face.detect.base import DEFAULT_DET_SIZE, DetectorError, FaceDetector
+from gpen_tune.face.detect.mtcnn_cpu import detect_mtcnn_cpu
 from gpen_tune.face.detect.mtcnn_fixed import FixedCanvasPNet
+from gpen_tune.face.detect.mtcnn_nets import load_networks
 from gpen_tune.ops import area_resize as area_ops
 from gpen_tune.ops import nms as nms_ops
 
@@ -28,23 +29,6 @@ PNET_GRAPHS_MIN_GIB = 12         # MTCNN on CUDA: P-Net from CUDA graphs by defa
 DETECTOR_BYTES_PER_PIXEL = 64
 DETECTOR_MEMORY_SHARE = 32
 NATIVE_SIZE_ESTIMATE = 2048      # det_size None (native resolution): the long side assumed for the bound
-CPU_BOXES_PER_CALL = 128         # R-Net / O-Net boxes per call in facenet's CPU driver (see InChunks)
-
-
-class InChunks(torch.nn.Module):
-    """A network run on at most CPU_BOXES_PER_CALL boxes at a time. facenet's driver feeds R-Net and O-Net 512
-    boxes per call; on the CPU one such R-Net call held ~70 MB of activations at a time (the Solvay photo's
-    detection peaked 69 MB lower with 64 boxes per call, same landmarks to the bit, same speed)."""
-
-    def __init__(self, net: torch.nn.Module):
-        super().__init__()
-        self.net = net
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        if len(x) <= CPU_BOXES_PER_CALL:
-            return self.net(x)
-        parts = [self.net(x[i:i + CPU_BOXES_PER_CALL]) for i in range(0, len(x), CPU_BOXES_PER_CALL)]
-        return tuple(torch.cat(p) for p in zip(*parts, strict=True))
 
 
 def images_per_call(total_bytes: int | None, det_size: int | None) -> int:
@@ -57,14 +41,14 @@ def images_per_call(total_bytes: int | None, det_size: int | None) -> int:
 
 
 class MTCNNDetector(FaceDetector):
-    """facenet-pytorch's MTCNN networks (weights in the wheel) driven by our batched driver
-    (`mtcnn_batched`): up to `MTCNN_MAX_BATCH` images of any sizes per call on a GPU, fewer where the memory
-    this process may use is small (`images_per_call`).
+    """MTCNN with facenet-pytorch's weights driven by our batched driver (`mtcnn_batched`): up to
+    `MTCNN_MAX_BATCH` images of any sizes per call on a GPU, fewer where the memory this process may use is small
+    (`images_per_call`).
 
-    On the CPU, images are still grouped by size (`mixed_sizes` False there): batching brings no speed on the CPU,
-    and the CPU convolution picks another code path by batch size (native below 2 images, oneDNN above), so
-    an image's landmarks would depend on its batch mates by a float32 ULP, enough to change restored pixels
-    downstream when serial and pipelined runs are compared.
+    On the CPU, images are grouped by size (`mixed_sizes` False there) and each runs alone through `mtcnn_cpu`:
+    batching brings no speed on the CPU, and the CPU convolution picks another code path by batch size (native
+    below 2 images, oneDNN above), so an image's landmarks would depend on its batch mates by a float32 ULP,
+    enough to change restored pixels downstream when serial and pipelined runs are compared.
     """
 
     name = "mtcnn"
@@ -85,16 +69,13 @@ class MTCNNDetector(FaceDetector):
         self.nms, self.area = nms, area
         self._fixed: FixedCanvasPNet | None = None
         self._fixed_lock = threading.Lock()
-        try:
-            from facenet_pytorch.models.mtcnn import ONet, PNet, RNet  # optional heavy dependency: facenet-pytorch
-        except ImportError as e:
-            raise DetectorError(
-                "the offline detector needs facenet-pytorch: pip install --no-deps facenet-pytorch==2.6.0"
-            ) from e
         # float32 everywhere: float64 networks on the GPU (tried for batch-invariant landmarks) made a folder run
         # 1.5x slower (cuDNN's float64 convs) and did not change the serial-vs-pipeline pixel differences, which
         # come from the half-precision generator's batch sizes (20261130-200449 vs -195016 throughput runs)
-        self.pnet, self.rnet, self.onet = (net().to(self.device).eval() for net in (PNet, RNet, ONet))
+        try:
+            self.pnet, self.rnet, self.onet = load_networks(self.device)
+        except FileNotFoundError as e:
+            raise DetectorError(str(e)) from None
 
     @staticmethod
     def _check_impls(nms: str, area: str) -> None:
@@ -149,8 +130,8 @@ class MTCNNDetector(FaceDetector):
     def _detect_batch(self, batch):
         if self.pnet is None:
             raise DetectorError("detector was closed")
-        if not self.mixed_sizes:           # the CPU default: same-size stacks through facenet's driver
-            return self._detect_batch_facenet(batch)
+        if not self.mixed_sizes:           # the CPU default: one image at a time
+            return [self._detect_one(image) for image in batch]
         args = (list(batch), self.pnet, self.rnet, self.onet, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS,
                 MTCNN_PYRAMID_FACTOR, self.device)
         # through the module: a benchmark's A/B may run an earlier driver file in its place
@@ -159,20 +140,8 @@ class MTCNNDetector(FaceDetector):
         with self._fixed_lock:             # the fixed plan's buffers serve one call at a time
             return mtcnn_batched.detect_mtcnn_batched(*args, fixed=self._fixed_pnet(), nms=self.nms, area=self.area)
 
-    def _detect_batch_facenet(self, batch: np.ndarray):
-        """facenet-pytorch's own driver, for the CPU: there its per-box work is cheap and our driver's summed-area
-        tables cost more (0.5-0.8x its speed, measured on 2 cores); same detections to 1.3e-4 px (tested)."""
-        from facenet_pytorch.models.utils.detect_face import detect_face  # optional heavy dep.: facenet-pytorch
-
-        if min(batch.shape[1:3]) < MTCNN_MIN_FACE:       # no pyramid level fits: nothing to find
-            empty = (np.zeros((0, 4)), np.zeros(0), np.zeros((0, 5, 2)))
-            return [empty] * len(batch)
-        boxes, points = detect_face(
-            batch, MTCNN_MIN_FACE, self.pnet, InChunks(self.rnet), InChunks(self.onet),
-            list(MTCNN_STAGE_THRESHOLDS), MTCNN_PYRAMID_FACTOR, self.device,
-        )
-        out = []
-        for b, p in zip(boxes, points, strict=True):
-            b = np.asarray(b, dtype=np.float64).reshape(-1, 5)
-            out.append((b[:, :4], b[:, 4], np.asarray(p, dtype=np.float64).reshape(-1, 5, 2)))
-        return out
+    def _detect_one(self, image: np.ndarray):
+        if min(image.shape[:2]) < MTCNN_MIN_FACE:       # no pyramid level fits: nothing to find
+            return np.zeros((0, 4)), np.zeros(0), np.zeros((0, 5, 2))
+        return detect_mtcnn_cpu(image, self.pnet, self.rnet, self.onet, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS,
+                                MTCNN_PYRAMID_FACTOR)

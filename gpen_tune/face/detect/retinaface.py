@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torchvision
 
 from gpen_tune.face.detect.base import DEFAULT_DET_SIZE, DetectorError, FaceDetector
 
@@ -85,6 +84,8 @@ class RetinaFaceDetector(FaceDetector):
         lms = batched_decode_landm(landm.float(), priors, self._VARIANCE) * torch.tensor([w, h] * 5,
                                                                                           device=self.device)
         scores = conf[..., 1].float()
+        import torchvision  # here, not at module level: facexlib needs it anyway, a run without RetinaFace does not
+
         out = []
         for i in range(b):
             keep = scores[i] >= self.threshold
