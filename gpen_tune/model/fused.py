@@ -237,8 +237,9 @@ class FusedGenerator(nn.Module):
                 buf = T.styled_epilogue(y, f, d, layer.b_h, s_h, layer.b_f, s_f, layer.nw,
                                         layer.taps2d if layer.upsample else None)
             else:
-                buf = E.styled_epilogue(y, f, d, layer.b_h, s_h, layer.b_f, s_f, layer.nw,
-                                        layer.taps2d if layer.upsample else None)
+                if layer.upsample:       # blurred here, so the transposed conv's output is freed before the pass
+                    y = E.blur(y, layer.taps2d, pad=1)
+                buf = E.styled_epilogue(y, f, d, layer.b_h, s_h, layer.b_f, s_f, layer.nw)
             del y, f
             if last_of_level:
                 skip = self._to_rgb(buf, self.rgbs[rgb_idx], s_rgb[rgb_idx], s_next, skip)

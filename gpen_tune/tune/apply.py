@@ -92,7 +92,12 @@ def apply_switches(model: nn.Module, cfg: TuneConfig, device: torch.device, buck
                 skip(name, f"the fused generator failed to build ({type(e).__name__}: {str(e)[:200]}); "
                            "using the unfused model")
                 forward = model
-            if dtype is not None:  # the generator stays as the NaN fallback's template: shrink it to half too
+            if dtype is None and name not in done.skipped:
+                # fp32: no re-run to fall back to (a non-finite face keeps its input crop), so the fused module
+                # holds the only weights the run needs; the template keeps its structure on the meta device
+                model.to("meta")
+                done.notes.append("fused fp32: one resident copy of the weights")
+            elif dtype is not None:  # the generator stays as the NaN fallback's template: shrink it to half too
                 keep = amp.keeps_fp32_originals(device, cfg)
                 model, done.reserve = amp.apply(model, cfg, keep)
                 if name in done.skipped:
