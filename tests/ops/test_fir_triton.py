@@ -46,7 +46,7 @@ x = torch.randn(1, 2, 8, 8)
 k = make_kernel((1, 3, 3, 1))
 res["skips_non_contiguous"] = not fir_triton.applies(x.transpose(2, 3), k)
 res["skips_grad"] = not fir_triton.applies(x.requires_grad_(), k)
-cfg = GPENConfig(32, narrow=0.25)
+cfg = GPENConfig(32, narrow=1 / 32)       # 16 channels a level: every FIR of the model, batches of 2 and 1
 model = load_model("synthetic", model=cfg)
 sd = {key: v.clone() for key, v in model.state_dict().items()}
 xs = torch.rand(2, 3, 32, 32, generator=g) * 2 - 1

@@ -28,6 +28,7 @@ from gpen_tune.tune.live_memory import generator_activation_peak
 from gpen_tune.tune.torch_compile import CompiledForward
 
 TINY = GPENConfig(64, narrow=0.25)
+COMPILE_TINY = GPENConfig(16, narrow=1 / 16)   # the fewest levels (4, 8, 16 px) with every layer kind, 32 channels
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.one_thread
 
@@ -192,10 +193,11 @@ def test_fp16_overflow_is_caught_and_rerun(tiny_model):
 # --- compile -----------------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_compile_traces_gpen256_as_one_graph_and_the_compiled_module_is_used():
-    """fullgraph=True on GPEN-256 (a graph break raises and would fall back): the Dynamo trace, run eagerly."""
-    model = load_model("synthetic", model="GPEN-BFR-256")
-    x = face_batch(256, n=1)
+def test_compile_traces_the_generator_as_one_graph_and_the_compiled_module_is_used():
+    """fullgraph=True (a graph break raises and would fall back): the Dynamo trace, run eagerly. On COMPILE_TINY,
+    which has every layer kind of GPEN-BFR-256 (encoder, mapping, styled convs with upsampling, ToRGB skips)."""
+    model = load_model("synthetic", model=COMPILE_TINY)
+    x = face_batch(COMPILE_TINY.size, n=1)
     with torch.no_grad():
         ref = model(x)
     graphs = []
@@ -233,10 +235,11 @@ def test_compile_failure_warns_and_runs_eager(tiny_model, tiny_ref):
 
 
 @pytest.mark.slow
-def test_inductor_compiles_gpen256_fullgraph_on_cpu():
-    """The real thing: Inductor code generation for GPEN-256 (2.3-3.5 min cold on 2 busy cores: `slow`)."""
-    model = load_model("synthetic", model="GPEN-BFR-256")
-    x = face_batch(256, n=1)
+def test_inductor_compiles_the_generator_fullgraph_on_cpu():
+    """The real thing: Inductor code generation for the whole generator, on COMPILE_TINY (every layer kind; the
+    code generation time grows with the layer count: GPEN-BFR-256 took 2.3-3.5 min cold on 2 busy cores)."""
+    model = load_model("synthetic", model=COMPILE_TINY)
+    x = face_batch(COMPILE_TINY.size, n=1)
     with torch.no_grad():
         ref = model(x)
     torch._dynamo.reset()
