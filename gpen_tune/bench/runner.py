@@ -200,7 +200,8 @@ def _run_bench(s: BenchSettings, log: Callable[[str], None], on_progress: Callab
     todo += sorted((r for r in rows if r.name != "default"), key=lambda r: r.cfg.compile is not None)
     for row in todo:
         shown = row in rows
-        explicit = s.rows is not None and row.name in s.rows
+        # asked for by name (--rows), or the switches / preset given on the command line (the custom row)
+        explicit = (s.rows is not None and row.name in s.rows) or row.name == "custom"
         reason = skip_reason(row, device, explicit)
         if reason is None and s.max_minutes is not None and reference is not None \
                 and time.perf_counter() - started > 60 * s.max_minutes:

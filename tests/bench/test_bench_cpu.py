@@ -68,7 +68,8 @@ def crops_dir(tmp_path_factory):
 @pytest.mark.slow
 def test_default_rows_on_the_cpu_run_and_write_json_table_and_plot(crops_dir, tmp_path):
     """The default row set at batch 1 on the CPU (tiny generator): GPU-only and compile rows skipped with their
-    reasons, the fp16 row skipped exactly when this CPU has no native fp16, the rest measured; outputs written."""
+    reasons, the bf16 / fp16 rows skipped exactly when this CPU has no native bf16 / fp16, the rest measured;
+    outputs written."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -78,10 +79,13 @@ def test_default_rows_on_the_cpu_run_and_write_json_table_and_plot(crops_dir, tm
     finally:
         torch.set_num_threads(before)
     rows = {r["name"]: r for r in result["rows"]}
-    assert rows["default"]["status"] == "ok" and rows["amp"]["status"] == "ok" and rows["fused"]["status"] == "ok"
+    assert rows["default"]["status"] == "ok" and rows["fused"]["status"] == "ok"
     assert rows["cuda_graph"]["status"] == "skipped" and rows["compile"]["status"] == "skipped"
-    fp16_slower = amp.pays_off("cpu", TuneConfig(amp="fp16"))
-    assert (rows["amp_fp16"]["status"] == "skipped") == (fp16_slower is not None)
+    for name, half in (("amp", "bf16"), ("amp_fp16", "fp16")):
+        slower = amp.pays_off("cpu", TuneConfig(amp=half))
+        assert rows[name]["status"] == ("skipped" if slower else "ok")
+        if slower:
+            assert rows[name]["reason"].startswith(f"--amp {half}: ") and "--rows" in rows[name]["reason"]
     assert rows["amp"]["label"] == "--amp bf16" and rows["act_checkpoint"]["label"] == "--checkpoint"
     paths = write_outputs(result, tmp_path)
     data = json.loads(paths["json"].read_text())
