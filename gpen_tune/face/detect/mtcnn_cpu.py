@@ -21,12 +21,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gpen_tune.face.detect.mtcnn_batched import min_nms_host, pyramid_scales
+from gpen_tune.face.detect.mtcnn_batched import (
+    _CELL,
+    _NORM_MEAN,
+    _NORM_SCALE,
+    _STRIDE,
+    min_nms_host,
+    pyramid_scales,
+    regress,
+    square,
+)
 from gpen_tune.ops.nms import greedy_nms
 
 BOXES_PER_CALL = 128                 # R-Net / O-Net crops per call
-_NORM_MEAN, _NORM_SCALE = 127.5, 0.0078125
-_STRIDE, _CELL = 2, 12               # P-Net: one 12x12 window every 2 px
 
 Result = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -71,7 +78,7 @@ def _propose(img: torch.Tensor, pnet: torch.nn.Module, min_face: float, threshol
     w_, h_ = cand[:, 2] - cand[:, 0], cand[:, 3] - cand[:, 1]     # the window offsets scale without the +1 pixel
     moved = torch.stack([cand[:, 0] + cand[:, 5] * w_, cand[:, 1] + cand[:, 6] * h_,
                          cand[:, 2] + cand[:, 7] * w_, cand[:, 3] + cand[:, 8] * h_, cand[:, 4]], 1)
-    return _square(moved)
+    return square(moved)
 
 
 def _windows(reg: torch.Tensor, probs: torch.Tensor, scale: float, threshold: float) -> torch.Tensor:
@@ -83,24 +90,6 @@ def _windows(reg: torch.Tensor, probs: torch.Tensor, scale: float, threshold: fl
     first = ((_STRIDE * xy + 1) / scale).floor()
     last = ((_STRIDE * xy + _CELL - 1 + 1) / scale).floor()
     return torch.cat([first, last, probs[mask][:, None], reg[:, mask].T], 1)
-
-
-def _square(boxes: torch.Tensor) -> torch.Tensor:
-    """Each box grown to a square around its centre (side = its longer side); in place, extra columns kept."""
-    w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
-    side = torch.max(w, h)
-    boxes[:, 0] = boxes[:, 0] + w * 0.5 - side * 0.5
-    boxes[:, 1] = boxes[:, 1] + h * 0.5 - side * 0.5
-    boxes[:, 2:4] = boxes[:, :2] + side[:, None]
-    return boxes
-
-
-def _regress(boxes: torch.Tensor, reg: torch.Tensor) -> torch.Tensor:
-    """A network's offsets (relative to width / height + 1) applied to the boxes, in place."""
-    w, h = boxes[:, 2] - boxes[:, 0] + 1, boxes[:, 3] - boxes[:, 1] + 1
-    boxes[:, :4] = torch.stack([boxes[:, 0] + reg[:, 0] * w, boxes[:, 1] + reg[:, 1] * h,
-                                boxes[:, 2] + reg[:, 2] * w, boxes[:, 3] + reg[:, 3] * h], 1)
-    return boxes
 
 
 def _crops(img: torch.Tensor, boxes: torch.Tensor, size: int) -> tuple[torch.Tensor, np.ndarray]:
@@ -137,7 +126,7 @@ def _refine(img: torch.Tensor, boxes: torch.Tensor, rnet: torch.nn.Module, thres
     boxes = torch.cat([boxes[passed, :4], probs[passed, 1:2]], 1)
     reg = reg[passed]
     pick = greedy_nms(boxes[:, :4], boxes[:, 4], 0.7)
-    return _square(_regress(boxes[pick], reg[pick]))
+    return square(regress(boxes[pick], reg[pick]))
 
 
 def _output(img: torch.Tensor, boxes: torch.Tensor, onet: torch.nn.Module, threshold: float) -> Result:
@@ -154,7 +143,7 @@ def _output(img: torch.Tensor, boxes: torch.Tensor, onet: torch.nn.Module, thres
     px = w[:, None] * marks[:, :5] + boxes[:, 0:1] - 1      # landmarks from box-relative to image coordinates
     py = h[:, None] * marks[:, 5:] + boxes[:, 1:2] - 1
     points = torch.stack([px, py], 2)
-    boxes = _regress(boxes, reg).numpy()
+    boxes = regress(boxes, reg).numpy()
     pick = min_nms_host(boxes[:, :4], boxes[:, 4], np.zeros(len(boxes), np.int64), 0.7)
     out = boxes[pick].astype(np.float64)
     return out[:, :4], out[:, 4], points.numpy()[pick].astype(np.float64)
