@@ -108,6 +108,7 @@ def test_aligned_inputs(model):
     assert pipe.prepare() is None                                # no detector for aligned inputs
 
 
+@pytest.mark.cpu_bf16
 def test_bf16_model_gets_bf16_batches():
     m = gpen_tune.load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cpu", dtype=torch.bfloat16)
     pipe = Pipeline(EnhanceSettings(device="cpu"), model=m)

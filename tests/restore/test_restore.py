@@ -86,6 +86,7 @@ def test_nan_weights_keep_the_input_crops_and_count_them():
     assert enhancer.restorer.nonfinite_faces == 8
 
 
+@pytest.mark.cpu_bf16
 def test_nan_weights_with_amp_rerun_in_fp32_first():
     """With --amp the batch is re-run in fp32 first; still non-finite there, the input crop is kept."""
     net = nan_generator()

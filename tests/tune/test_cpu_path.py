@@ -152,6 +152,7 @@ def test_threaded_cpu_run_splits_the_cores_and_restores_torch_threads():
     assert sorted(sink.results) == [0, 1] and all(isinstance(a, np.ndarray) for a in sink.results.values())
 
 
+@pytest.mark.cpu_bf16
 def test_bf16_on_the_cpu_keeps_no_second_copy_of_the_weights():
     """bf16 cannot overflow (fp32's exponent range): on the CPU its NaN fallback up-casts the half weights instead of
     keeping the fp32 originals resident; fp16 (which overflows) and GPUs keep them."""

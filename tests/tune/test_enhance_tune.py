@@ -77,11 +77,13 @@ def test_plain_run_records_config_and_prints_stage_table(plain):
 
 
 @pytest.mark.parametrize("flags, min_psnr, max_abs", [
-    (["--amp", "bf16"], 40.0, None),                 # amp: >= 40 dB PSNR vs fp32 (pipelined runner: 2 inputs)
-    (["--amp", "bf16", "--serial"], 40.0, None),     # the same through the serial path
+    pytest.param(["--amp", "bf16"], 40.0, None,      # amp: >= 40 dB PSNR vs fp32 (pipelined runner: 2 inputs)
+                 marks=pytest.mark.cpu_bf16),
+    pytest.param(["--amp", "bf16", "--serial"], 40.0, None, marks=pytest.mark.cpu_bf16),   # through the serial path
     (["--preset", "auto"], 40.0, None),              # on the CPU auto = the cpu preset (bf16 where native), says so
     (["--checkpoint"], None, 0.0),                   # act_checkpoint: identical output
-    (["--preset", "low-memory"], 40.0, None),        # bf16 + checkpoint (+ GPU-only switches skipped on CPU)
+    pytest.param(["--preset", "low-memory"], 40.0, None,   # bf16 + checkpoint (+ GPU-only switches skipped on CPU)
+                 marks=pytest.mark.cpu_bf16),
 ])
 def test_switch_outputs_within_tolerance_of_plain_run(folder, tmp_path, plain, flags, min_psnr, max_abs):
     out = tmp_path / "out"

@@ -107,7 +107,8 @@ def test_autograd_checkpointing_is_kept_for_grad_enabled_forwards(tiny_model, ti
 
 # --- amp ---------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("amp", ["bf16", pytest.param("fp16", marks=pytest.mark.slow)])   # fp16 is emulated on CPUs
+@pytest.mark.parametrize("amp", [pytest.param("bf16", marks=pytest.mark.cpu_bf16),
+                                 pytest.param("fp16", marks=pytest.mark.slow)])   # fp16 is emulated on CPUs
 def test_amp_casts_convs_keeps_fp32_islands_and_stays_within_tolerance(tiny_model, tiny_ref, amp):
     x, ref = tiny_ref
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[amp]
@@ -382,6 +383,7 @@ def test_face_crop_maps_onto_pipeline_settings():
 
 # --- build order -------------------------------------------------------------------------------------------------
 
+@pytest.mark.cpu_bf16
 def test_all_cpu_switches_together_stay_within_tolerance(tiny_model, tiny_ref):
     x, ref = tiny_ref
     cfg = TuneConfig(lazy_detector=True, amp="bf16", act_checkpoint=True, face_crop=True, cuda_graph=True)
@@ -502,6 +504,7 @@ def test_non_finite_check_is_one_reduction_per_face_and_never_misses():
     assert len(sums) == 1 and sums[0].count == 1       # one reduction for the whole batch
 
 
+@pytest.mark.cpu_bf16
 def test_amp_casts_the_blur_kernels_once_not_per_call(tiny_model, tiny_ref):
     from gpen_tune.model.layers import Blur, Upsample
 
