@@ -133,15 +133,13 @@ class FaceParser:
                  precision: str = "auto", download: bool = True):
         self.device = torch.device(device)
         self.dtype = parse_dtype(self.device, precision)
-        if weights == SYNTHETIC:
-            path: Path | str = SYNTHETIC
-            net = build_parse_net()
+        # the file first: without one (the usual case of `auto`) facexlib, and the torchvision it imports, stay out
+        # of the process (~180 MB resident on a CPU run)
+        path: Path | str = SYNTHETIC if weights == SYNTHETIC else parse_weights_file(weights, download)
+        net = build_parse_net()
+        if path == SYNTHETIC:
             net.load_state_dict(synthetic_parse_state_dict(), strict=True)
         else:
-            # the file first: without one (the usual case of `auto`) facexlib, and the torchvision it imports, stay
-            # out of the process (~180 MB resident on a CPU run)
-            path = parse_weights_file(weights, download)
-            net = build_parse_net()
             try:
                 net.load_state_dict(read_parse_state_dict(path), strict=True)
             except RuntimeError as e:

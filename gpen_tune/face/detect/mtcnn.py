@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
-
 from gpen_tune.device_memory import cuda_total
 from gpen_tune.face.detect import mtcnn_batched
 from gpen_tune.face.detect.base import DEFAULT_DET_SIZE, DetectorError, FaceDetector
@@ -131,7 +129,8 @@ class MTCNNDetector(FaceDetector):
         if self.pnet is None:
             raise DetectorError("detector was closed")
         if not self.mixed_sizes:           # the CPU default: one image at a time
-            return [self._detect_one(image) for image in batch]
+            return [detect_mtcnn_cpu(image, self.pnet, self.rnet, self.onet, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS,
+                                     MTCNN_PYRAMID_FACTOR) for image in batch]
         args = (list(batch), self.pnet, self.rnet, self.onet, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS,
                 MTCNN_PYRAMID_FACTOR, self.device)
         # through the module: a benchmark's A/B may run an earlier driver file in its place
@@ -139,9 +138,3 @@ class MTCNNDetector(FaceDetector):
             return mtcnn_batched.detect_mtcnn_batched(*args, nms=self.nms, area=self.area)
         with self._fixed_lock:             # the fixed plan's buffers serve one call at a time
             return mtcnn_batched.detect_mtcnn_batched(*args, fixed=self._fixed_pnet(), nms=self.nms, area=self.area)
-
-    def _detect_one(self, image: np.ndarray):
-        if min(image.shape[:2]) < MTCNN_MIN_FACE:       # no pyramid level fits: nothing to find
-            return np.zeros((0, 4)), np.zeros(0), np.zeros((0, 5, 2))
-        return detect_mtcnn_cpu(image, self.pnet, self.rnet, self.onet, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS,
-                                MTCNN_PYRAMID_FACTOR)

@@ -26,6 +26,7 @@ from gpen_tune.face.detect.mtcnn_batched import (
     _NORM_MEAN,
     _NORM_SCALE,
     _STRIDE,
+    _empty,
     min_nms_host,
     pyramid_scales,
     regress,
@@ -55,7 +56,7 @@ def detect_mtcnn_cpu(image: np.ndarray, pnet: torch.nn.Module, rnet: torch.nn.Mo
             boxes = _refine(img, boxes, rnet, thresholds[1])
         if len(boxes):
             return _output(img, boxes, onet, thresholds[2])
-    return np.zeros((0, 4)), np.zeros(0), np.zeros((0, 5, 2))
+    return _empty()
 
 
 def _normalised(x: torch.Tensor) -> torch.Tensor:
@@ -134,7 +135,7 @@ def _output(img: torch.Tensor, boxes: torch.Tensor, onet: torch.nn.Module, thres
     crops, live = _crops(img, boxes, 48)
     boxes = boxes[torch.from_numpy(live).long()]
     if not len(boxes):
-        return np.zeros((0, 4)), np.zeros(0), np.zeros((0, 5, 2))
+        return _empty()
     reg, marks, probs = _in_chunks(onet, crops)
     passed = probs[:, 1] > threshold
     boxes = torch.cat([boxes[passed, :4], probs[passed, 1:2]], 1)
