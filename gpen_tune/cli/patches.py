@@ -3,26 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gpen_tune.cli import app
 from gpen_tune.cli._console import err, fail, out
-from gpen_tune.patcher import (
-    UPSTREAM_COMMIT,
-    UPSTREAM_REPO,
-    PatchError,
-    Plan,
-    checkout_session,
-    parse_only,
-    plan_apply,
-    plan_revert,
-    status,
-)
-from gpen_tune.patcher.patchset import load as _load_patchset
+from gpen_tune.patcher.upstream import UPSTREAM_COMMIT, UPSTREAM_REPO
 
-patchset = _load_patchset()
+if TYPE_CHECKING:
+    from gpen_tune.patcher import Plan
 
 HELP = (
     f"Patch an upstream GPEN checkout ({UPSTREAM_REPO} {UPSTREAM_COMMIT}) in place with gpen-tune's optimizations.\n\n"
@@ -40,13 +30,16 @@ HELP = (
 def apply_patches(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="the upstream GPEN checkout")] = Path("."),
     only: Annotated[str | None, typer.Option("--only", metavar="NAMES",
-                                             help=f"comma-separated subset of: {','.join(patchset.PUBLIC)}")] = None,
+                                             help="comma-separated patch names (--status lists them)")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the unified diff, change nothing")] = False,
     revert: Annotated[bool, typer.Option("--revert", help="restore the original files (or drop --only NAMES)")] = False,
     show_status: Annotated[bool, typer.Option("--status", help="list the patches applied in DIR")] = False,
 ) -> None:
     if revert and show_status:
         raise fail("--revert and --status do not go together; run one, then the other")
+    # The patch engine loads libcst (~0.5-0.9 s), so only this command imports it, not every CLI start.
+    from gpen_tune.patcher import PatchError, checkout_session, parse_only, plan_apply, plan_revert
+
     writes = not (dry_run or show_status)
     try:
         names = parse_only(only)
@@ -94,12 +87,17 @@ def _say(msg: str, to_err: bool = False) -> None:
 
 
 def _print_status(directory: Path) -> None:
+    """What DIR is, and every patch (the names --only takes) with whether it is applied."""
+    from gpen_tune.patcher import status
+    from gpen_tune.patcher.patchset import load as load_patchset
+
+    patchset = load_patchset()
     st = status(directory)
     _say(f"{directory}: {st.recognition.describe()}")
     if not st.installed:
         _say("no gpen-tune patches applied")
-        return
     for name in patchset.PUBLIC:
         mark = "applied" if name in st.installed else "-"
         _say(f"  {name:14s} {mark:8s} {patchset.BY_NAME[name].summary}")
-    _say(f"files: {', '.join(st.files)} (all unmodified since patching)")
+    if st.installed:
+        _say(f"files: {', '.join(st.files)} (all unmodified since patching)")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gpen_tune.patcher.errors import PatchError
 from gpen_tune.patcher.paths import checked_rel, read_regular
-from gpen_tune.patcher.spec import UPSTREAM_COMMIT, UPSTREAM_REPO
+from gpen_tune.patcher.upstream import UPSTREAM_COMMIT, UPSTREAM_REPO
 
 STATE_DIR = ".gpen_tune"
 MANIFEST = f"{STATE_DIR}/manifest.json"

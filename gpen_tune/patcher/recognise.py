@@ -14,7 +14,7 @@ from pathlib import Path
 import libcst as cst
 
 from gpen_tune.patcher.errors import PatchError
-from gpen_tune.patcher.spec import UPSTREAM_COMMIT, UPSTREAM_REPO
+from gpen_tune.patcher.upstream import UPSTREAM_COMMIT, UPSTREAM_REPO
 
 # file -> names it must define ("Class", "Class.method" or "function"), at upstream 2c73670
 REQUIRED: dict[str, tuple[str, ...]] = {

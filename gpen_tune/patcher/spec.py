@@ -8,8 +8,7 @@ from pathlib import Path
 
 import libcst as cst
 
-UPSTREAM_REPO = "yangxy/GPEN"
-UPSTREAM_COMMIT = "2c73670"   # the upstream commit the patch set is written and checked against
+from gpen_tune.patcher.upstream import UPSTREAM_COMMIT, UPSTREAM_REPO  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
