@@ -33,7 +33,7 @@ def apply_patches(
                                              help="comma-separated patch names (--status lists them)")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="print the unified diff, change nothing")] = False,
     revert: Annotated[bool, typer.Option("--revert", help="restore the original files (or drop --only NAMES)")] = False,
-    show_status: Annotated[bool, typer.Option("--status", help="list the patches applied in DIR")] = False,
+    show_status: Annotated[bool, typer.Option("--status", help="list the patches, marking those in DIR")] = False,
 ) -> None:
     if revert and show_status:
         raise fail("--revert and --status do not go together; run one, then the other")

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import libcst as cst
 
-from gpen_tune.patcher.upstream import UPSTREAM_COMMIT, UPSTREAM_REPO  # noqa: F401  (re-exported)
-
 
 @dataclass(frozen=True)
 class EditContext:
