@@ -1,6 +1,6 @@
 """Reading and writing photos as people have them.
 
-What happens to each kind of input (documented behaviour, tested in tests/test_imageio.py):
+What happens to each kind of input (documented behaviour, tested in tests/imageio/test_imageio.py):
   * formats in: JPEG, PNG, WebP, BMP, TIFF. Anything else is refused with a message; GIF too (a 256-colour
     palette format: a restored face quantised back to it loses most of what the restoration gained), with the
     hint to convert it to PNG.

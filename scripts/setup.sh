@@ -2,7 +2,7 @@
 # Set up gpen-tune in ./.venv (created if missing): torch, the package and its offline face detector.
 # Safe to re-run (what is installed already is kept). Prints each step, pip's progress, and at the end how long
 # it took and how large .venv is.
-# Usage: sh scripts/setup.sh [--dev]      (--dev adds pytest, ruff and the optional extras the tests cover: Ray
+# Usage: sh scripts/setup.sh [--dev]      (--dev adds pytest (+ xdist), ruff and the optional extras the tests cover: Ray
 #                                          for --ray, spandrel for --bg-upsampler; the versions the golden
 #                                          outputs were made with: tests/constraints.txt)
 set -eu
@@ -23,7 +23,7 @@ with_dev=""
 pins=""
 if [ "${1:-}" = "--dev" ]; then
     extras="[dev,ray,upscale]"
-    with_dev=", with pytest, ruff, Ray and spandrel (OpenCV pinned to the goldens' version: tests/constraints.txt)"
+    with_dev=", with pytest (+ xdist), ruff, Ray and spandrel (OpenCV pinned to the goldens' version: tests/constraints.txt)"
     pins="-c tests/constraints.txt"
 fi
 

@@ -1,6 +1,7 @@
 #!/bin/sh
 # Set everything up (./.venv, dev tools), lint, then the test suite in two tiers: the fast tier (-m "not slow")
-# first, then the slow one (Triton's interpreter, torch.compile, child processes, big models). CI runs exactly this.
+# first, then the slow one (Triton's interpreter, torch.compile, child processes, big models), each spread over
+# one worker process per core. CI runs exactly this.
 #
 #   sh scripts/test.sh                 # both tiers
 #   sh scripts/test.sh --fast          # the fast tier only (--slow: the slow tier only)
@@ -20,8 +21,10 @@ for tier in $tiers; do
     if [ "$tier" = fast ]; then marker="not slow"; else marker="slow"; fi
     echo "== pytest, $tier tier (-m \"$marker\")"
     status=0
-    # one line per file with its progress (skip and failure reasons: -ra in pyproject.toml), the slowest tests
-    .venv/bin/python -m pytest -m "$marker" -o console_output_style=progress --durations=15 "$@" || status=$?
+    # one worker process per core (pytest-xdist; idle workers take tests queued on busy ones), a line per file as
+    # it finishes (tests/file_progress.py; skip and failure reasons: -ra in pyproject.toml), the slowest tests
+    .venv/bin/python -m pytest -m "$marker" -n auto --dist worksteal -o console_output_style=classic \
+        --durations=15 "$@" || status=$?
     if [ "$status" -eq 5 ] && [ "$narrowed" -gt 0 ]; then
         echo "== no $tier tests in the given selection"
     elif [ "$status" -ne 0 ]; then

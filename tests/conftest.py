@@ -1,9 +1,11 @@
 """Shared pytest set-up: the tests directory is importable from every folder (reference implementations and
-test data live there), threads bounded, the shared fixtures, `gpu` tests skipped where no CUDA device is
-visible, and `cpu_bf16` tests moved to the slow tier where the CPU has no native bf16."""
+test data live there), threads bounded (the cores shared among xdist workers), the shared fixtures, `gpu` tests
+skipped where no CUDA device is visible, `cpu_bf16` tests moved to the slow tier where the CPU has no native bf16,
+and a line per finished file when the run is spread over workers."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -13,7 +15,11 @@ import torch
 from gpen_tune.tune.hardware import cpu_capabilities
 
 sys.path.insert(0, str(Path(__file__).parent))
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+from file_progress import FileProgress, in_workers  # noqa: E402
+
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, torch.get_num_threads() // _WORKERS)))
+_progress: FileProgress | None = None
 
 
 @pytest.fixture
@@ -47,3 +53,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _progress
+    if in_workers(config):
+        _progress = FileProgress(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
+    if _progress is not None:
+        _progress.expect(ids)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _progress is not None:
+        _progress.report(report)
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
+    """Under workers a passed or skipped test prints no dot: its file's line counts it."""
+    if _progress is None or report.failed or hasattr(report, "wasxfail"):
+        return None
+    if report.when == "call" or report.skipped:
+        return report.outcome, "", report.outcome.upper()
+    return None

@@ -8,7 +8,7 @@ file safely (`weights_only=True`), check its scale, pad to the model's size mult
 
 Tiles (`tile`, input pixels) are run with `tile_pad` pixels of context on every side and only their core is kept,
 so neighbouring tiles meet without a seam as long as the context covers what the network sees of it (measured:
-tests/test_background_upscale.py). On CUDA each tile shape is run through a captured CUDA graph.
+tests/background/test_background_upscale.py). On CUDA each tile shape is run through a captured CUDA graph.
 """
 
 from __future__ import annotations

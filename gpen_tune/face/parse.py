@@ -82,7 +82,7 @@ def timing_parse_weights() -> Path | str:
 
 def parse_dtype(device: torch.device, precision: str = "auto") -> torch.dtype:
     """The parser's compute dtype. "auto": fp32 on the CPU, where bf16 measured slower, and bf16 on CUDA, where
-    its masks agree with fp32's (IoU >= 0.99, tests/test_face_parse.py)."""
+    its masks agree with fp32's (IoU >= 0.99, tests/face/test_face_parse.py)."""
     if precision not in PRECISIONS:
         raise ValueError(f"parse precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision == "auto":

@@ -4,7 +4,7 @@ What changes: `fuse(model, dtype)` returns a module with FullGenerator's forward
 weights: style-independent weight transforms precomputed, channels-last, and after every conv one Triton pass
 (FIR blur, demodulation, bias, leaky ReLU, gain, the encoder-feature half of the concat, the next conv's style
 scaling), ToRGB as a per-sample reduction; on a device without Triton the PyTorch twins of those passes run.
-Tolerance: max-abs <= 1e-3 vs the unfused module in fp32 (tests/test_fast.py holds it to that).
+Tolerance: max-abs <= 1e-3 vs the unfused module in fp32 (tests/model/test_fast.py holds it to that).
 Fallback: a build failure -> the unfused module, recorded in the restorer's fallbacks.
 """
 

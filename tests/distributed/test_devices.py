@@ -89,7 +89,7 @@ def test_a_failed_lane_hands_its_inputs_on(plain, tmp_path: Path, serial: bool, 
     failed = threading.Event()
     # serial lanes take one input at a time: the failing lane may be left only inputs without faces (it then never
     # calls its restorer), so the healthy lane waits a bounded while and the loss is asserted when it happened
-    healthy = WaitsForLoss(failed, wait_s=15.0 if serial else 120.0)
+    healthy = WaitsForLoss(failed, wait_s=5.0 if serial else 120.0)
     with DevicePool(settings(), devices=["cpu", "cpu"], restorers=[FailsLane(error, failed), healthy]) as pool:
         result = enhance([folder], tmp_path / "out", ext=EXT, pipeline=pool, config=SMALL, serial=serial)
         first, second = pool.device_summary()

@@ -108,13 +108,12 @@ def test_aligned_inputs(model):
     assert pipe.prepare() is None                                # no detector for aligned inputs
 
 
-@pytest.mark.cpu_bf16
 def test_bf16_model_gets_bf16_batches():
-    m = gpen_tune.load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cpu", dtype=torch.bfloat16)
+    m = gpen_tune.load_model("synthetic", model=GPENConfig(16, narrow=1 / 16), device="cpu", dtype=torch.bfloat16)
     pipe = Pipeline(EnhanceSettings(device="cpu"), model=m)
     assert pipe.restorer.dtype == torch.bfloat16
-    out = pipe.restorer.restore_crops(samples.aligned_face_crops(64, n=2))
-    assert out.shape == (2, 64, 64, 3) and out.dtype == np.uint8
+    out = pipe.restorer.restore_crops(samples.aligned_face_crops(16, n=2))
+    assert out.shape == (2, 16, 16, 3) and out.dtype == np.uint8
 
 
 def test_output_conversion_rounds_and_clips():

@@ -24,6 +24,7 @@ from gpen_tune.tune.hardware import CpuCapabilities, cpu_capabilities, cpu_flags
 from gpen_tune.tune.options import PRESETS, GiB, TuneConfig, choose_cpu_preset, choose_preset, cli_flags, resolve_preset
 
 TINY = GPENConfig(64, narrow=0.25)
+SMALLEST = GPENConfig(16, narrow=1 / 16)   # every layer kind at 4, 8, 16 px: for what does not depend on size
 ZEN4 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni avx512_bf16 "
         "avx512vl\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni avx512_bf16 avx512vl\n")
 ZEN3 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
@@ -152,21 +153,20 @@ def test_threaded_cpu_run_splits_the_cores_and_restores_torch_threads():
     assert sorted(sink.results) == [0, 1] and all(isinstance(a, np.ndarray) for a in sink.results.values())
 
 
-@pytest.mark.cpu_bf16
 def test_bf16_on_the_cpu_keeps_no_second_copy_of_the_weights():
     """bf16 cannot overflow (fp32's exponent range): on the CPU its NaN fallback up-casts the half weights instead of
     keeping the fp32 originals resident; fp16 (which overflows) and GPUs keep them."""
     assert not amp.keeps_fp32_originals("cpu", TuneConfig(amp="bf16"))
     assert amp.keeps_fp32_originals("cpu", TuneConfig(amp="fp16"))
     assert amp.keeps_fp32_originals("cuda", TuneConfig(amp="bf16"))
-    model = load_model("synthetic", model=TINY)
+    model = load_model("synthetic", model=SMALLEST)
     restorer = build_restorer(copy.deepcopy(model), TuneConfig(amp="bf16"), device="cpu")
     assert restorer.reserve is not None and not restorer.reserve.exact and restorer.reserve.saved == {}
     fused = build_restorer(copy.deepcopy(model), TuneConfig(amp="bf16", fused=True), device="cpu")
     assert fused.reserve is None and fused.dtype == torch.bfloat16      # the fused module: the only weights
     assert all(p.device.type == "meta" for p in fused.model.parameters())
-    assert np.array_equal(fused.restore_crops(list(samples.aligned_face_crops(64, n=1))).shape, (1, 64, 64, 3))
-    crops = samples.aligned_face_crops(64, n=2)
+    assert np.array_equal(fused.restore_crops(list(samples.aligned_face_crops(16, n=1))).shape, (1, 16, 16, 3))
+    crops = samples.aligned_face_crops(16, n=2)
     restorer_plain = build_restorer(copy.deepcopy(model), TuneConfig(amp="bf16"), device="cpu")
     with torch.no_grad():                    # a broken half model: the up-cast re-run runs, the input is kept
         restorer_plain.model.ecd0[0][0].weight.mul_(float("inf"))

@@ -77,13 +77,12 @@ def test_plain_run_records_config_and_prints_stage_table(plain):
 
 
 @pytest.mark.parametrize("flags, min_psnr, max_abs", [
-    pytest.param(["--amp", "bf16"], 40.0, None,      # amp: >= 40 dB PSNR vs fp32 (pipelined runner: 2 inputs)
-                 marks=pytest.mark.cpu_bf16),
-    pytest.param(["--amp", "bf16", "--serial"], 40.0, None, marks=pytest.mark.cpu_bf16),   # through the serial path
+    # amp: >= 40 dB PSNR vs fp32, through the serial path (the pipelined runner: low-memory below)
+    pytest.param(["--amp", "bf16", "--serial"], 40.0, None, marks=pytest.mark.cpu_bf16),
     (["--preset", "auto"], 40.0, None),              # on the CPU auto = the cpu preset (bf16 where native), says so
     (["--checkpoint"], None, 0.0),                   # act_checkpoint: identical output
-    pytest.param(["--preset", "low-memory"], 40.0, None,   # bf16 + checkpoint (+ GPU-only switches skipped on CPU)
-                 marks=pytest.mark.cpu_bf16),
+    pytest.param(["--preset", "low-memory"], 40.0, None,   # bf16 + checkpoint (+ GPU-only switches skipped on CPU),
+                 marks=pytest.mark.cpu_bf16),                # on the pipelined runner (2 inputs in one batch)
 ])
 def test_switch_outputs_within_tolerance_of_plain_run(folder, tmp_path, plain, flags, min_psnr, max_abs):
     out = tmp_path / "out"
@@ -111,6 +110,7 @@ def test_switch_outputs_within_tolerance_of_plain_run(folder, tmp_path, plain, f
     if "low-memory" in flags:
         assert "preset low-memory" in res.output
         assert tune["requested"]["act_checkpoint"] is True and tune["requested"]["amp"] == "bf16"
+        assert tune["effective"]["amp"] == "bf16" and tune["effective"]["act_checkpoint"] is True
         # switches that need CUDA are skipped on the CPU: the skip is a recorded fallback, not silence
         for name, reason in tune["skipped"].items():
             assert any(name in msg for msg in tune["fallbacks"]) and reason

@@ -68,6 +68,20 @@ def tiny_ref(tiny_model):
         return x, tiny_model(x)
 
 
+@pytest.fixture(scope="module")
+def guard_model():
+    """The smallest generator with every layer kind, for the fallback tests: half precision runs emulated (slowly)
+    on most CPUs, and what they check (which weights a re-run uses, when it happens) does not depend on size."""
+    return load_model("synthetic", model=COMPILE_TINY)
+
+
+@pytest.fixture(scope="module")
+def guard_ref(guard_model):
+    x = face_batch(COMPILE_TINY.size)
+    with torch.no_grad():
+        return x, guard_model(x)
+
+
 # --- act_checkpoint ----------------------------------------------------------------------------------------------
 
 def test_checkpoint_frees_features_scales_in_place_and_output_is_the_same(tiny_model, tiny_ref):
@@ -128,10 +142,9 @@ def test_amp_casts_convs_keeps_fp32_islands_and_stays_within_tolerance(tiny_mode
     assert restore.effective.amp == amp and not restore.fallbacks
 
 
-@pytest.mark.slow
-def test_amp_reruns_a_non_finite_batch_in_fp32_with_the_original_weights(tiny_model, tiny_ref):
-    x, ref = tiny_ref
-    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="fp16"), device="cpu")
+def test_amp_reruns_a_non_finite_batch_in_fp32_with_the_original_weights(guard_model, guard_ref):
+    x, ref = guard_ref
+    restore = build_restorer(copy.deepcopy(guard_model), TuneConfig(amp="fp16"), device="cpu")
     with torch.no_grad():  # an overflow in the half model only: its first conv weight becomes inf
         restore.model.ecd0[0][0].weight.mul_(float("inf"))
     out = restore(x)
@@ -141,20 +154,20 @@ def test_amp_reruns_a_non_finite_batch_in_fp32_with_the_original_weights(tiny_mo
     assert any("re-ran it in fp32" in f and "original fp32 weights" in f for f in restore.fallbacks)
 
 
-@pytest.mark.slow
-def test_crop_level_guard_reruns_a_broken_half_batch_in_fp32(tiny_model):
+def test_crop_level_guard_reruns_a_broken_half_batch_in_fp32(guard_model):
     """The pipeline's form of the NaN guard (submit / restore_crops): the per-face flags travel with the batch and
     a non-finite face sends the batch to the fp32 re-run; the crops equal the fp32 model's, nothing is counted
     as non-finite; a healthy half batch runs once."""
     from gpen_tune.restore.convert import to_model_input, to_uint8_nhwc
 
-    crops = [c.numpy() for c in ((face_batch(64, n=3) + 1) * 127.5).round().clamp(0, 255).byte().permute(0, 2, 3, 1)]
+    faces = ((face_batch(COMPILE_TINY.size, n=3) + 1) * 127.5).round().clamp(0, 255).byte().permute(0, 2, 3, 1)
+    crops = [c.numpy() for c in faces]
     with torch.no_grad():
-        want = to_uint8_nhwc(tiny_model(to_model_input(torch.from_numpy(np.stack(crops))))).numpy()
-    healthy = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="fp16"), device="cpu")
+        want = to_uint8_nhwc(guard_model(to_model_input(torch.from_numpy(np.stack(crops))))).numpy()
+    healthy = build_restorer(copy.deepcopy(guard_model), TuneConfig(amp="fp16"), device="cpu")
     healthy.restore_crops(crops)
     assert healthy.fp32_reruns == 0 and healthy.nonfinite_faces == 0
-    broken = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="fp16"), device="cpu")
+    broken = build_restorer(copy.deepcopy(guard_model), TuneConfig(amp="fp16"), device="cpu")
     with torch.no_grad():
         broken.model.ecd0[0][0].weight.mul_(float("inf"))
     got = broken.restore_crops(crops)
@@ -162,12 +175,11 @@ def test_crop_level_guard_reruns_a_broken_half_batch_in_fp32(tiny_model):
     assert np.array_equal(got, want)
 
 
-@pytest.mark.slow
-def test_fp32_rerun_first_needed_inside_inference_mode(tiny_model, tiny_ref):
+def test_fp32_rerun_first_needed_inside_inference_mode(guard_model, guard_ref):
     """The folder runner restores under torch.inference_mode; the fp32 model built there for the first re-run must
     still run (its weights must not be inference tensors, whose version the demodulation cache reads)."""
-    x, ref = tiny_ref
-    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="fp16"), device="cpu")
+    x, ref = guard_ref
+    restore = build_restorer(copy.deepcopy(guard_model), TuneConfig(amp="fp16"), device="cpu")
     with torch.no_grad():
         restore.model.ecd0[0][0].weight.mul_(float("inf"))
     with torch.inference_mode():
@@ -175,10 +187,9 @@ def test_fp32_rerun_first_needed_inside_inference_mode(tiny_model, tiny_ref):
     assert torch.equal(out, ref) and restore.fp32_reruns == 1
 
 
-@pytest.mark.slow
-def test_fp16_overflow_is_caught_and_rerun(tiny_model):
-    x = face_batch(64, n=1)
-    big = copy.deepcopy(tiny_model)
+def test_fp16_overflow_is_caught_and_rerun(guard_model):
+    x = face_batch(COMPILE_TINY.size, n=1)
+    big = copy.deepcopy(guard_model)
     with torch.no_grad():  # encoder activations ~1e6: fine in fp32, inf in fp16 (max 65504)
         big.ecd0[0][0].weight.mul_(1e6)
         ref = big(x)
@@ -504,15 +515,14 @@ def test_non_finite_check_is_one_reduction_per_face_and_never_misses():
     assert len(sums) == 1 and sums[0].count == 1       # one reduction for the whole batch
 
 
-@pytest.mark.cpu_bf16
-def test_amp_casts_the_blur_kernels_once_not_per_call(tiny_model, tiny_ref):
+def test_amp_casts_the_blur_kernels_once_not_per_call(guard_model, guard_ref):
     from gpen_tune.model.layers import Blur, Upsample
 
-    x, _ = tiny_ref
-    restore = build_restorer(copy.deepcopy(tiny_model), TuneConfig(amp="bf16"), device="cpu")
+    x, _ = guard_ref
+    restore = build_restorer(copy.deepcopy(guard_model), TuneConfig(amp="bf16"), device="cpu")
     kinds = {(type(m).__name__, m.kernel.dtype) for m in restore.model.modules() if isinstance(m, Blur | Upsample)}
     assert kinds == {("Blur", torch.bfloat16), ("Upsample", torch.float32)}  # Upsample filters the fp32 RGB skip
-    per_call = copy.deepcopy(tiny_model)          # what ran before: half weights, fp32 kernels cast on every call
+    per_call = copy.deepcopy(guard_model)         # what ran before: half weights, fp32 kernels cast on every call
     keep = amp.fp32_islands(per_call)
     for p in per_call.parameters():
         if id(p) not in keep:

@@ -6,10 +6,10 @@ Inputs are the bundled photos (scikit-image's astronaut, matplotlib's Grace Hopp
 pixel formats; the generator is GPEN-BFR-256 from a checkpoint the test writes in the official key layout
 (seeded synthetic weights, loaded from its path), the detector the offline MTCNN on the CPU, the parse mask a
 ParseNet checkpoint written the same way. The goldens are stored as compressed deltas against the input
-(zero outside the face regions), in tests/golden/.
+(zero outside the face regions), in tests/pipeline/golden/.
 
 Regenerate (only when a change of output is intended, and say so in the commit):
-    .venv/bin/python tests/test_golden.py
+    .venv/bin/python tests/pipeline/test_golden.py
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import typer
 from PIL import Image
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # tests/: the shared test helpers
 
 from conftest_weights import checkpoint_file  # noqa: E402
 
@@ -34,7 +34,7 @@ from gpen_tune.cli import app  # noqa: E402
 from gpen_tune.face import samples  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "golden"
-CONSTRAINTS = Path(__file__).parent / "constraints.txt"      # the library versions the goldens were made with
+CONSTRAINTS = Path(__file__).resolve().parents[1] / "constraints.txt"   # the libraries the goldens were made with
 MODEL = "GPEN-BFR-256"
 # grey levels (16-bit outputs: 257 per level). Not 1: the fp32 convolutions sum in another order on an AVX2 CPU
 # than on the AVX-512 CPUs the goldens were made on, which moved the full-frame paste by 2 levels in 4 pixels

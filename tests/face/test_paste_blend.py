@@ -218,7 +218,7 @@ _KERNEL = r"""
 import json
 import numpy as np, torch, cv2
 import sys
-sys.path.insert(0, "tests")
+sys.path[:0] = ["tests", "tests/face"]
 from test_paste_blend import overlap_mosaic, SIZE
 from gpen_tune.face.paste import DeviceFace, default_mask, paste_faces, paste_faces_device
 from gpen_tune.ops import paste as op

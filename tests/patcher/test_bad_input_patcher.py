@@ -22,7 +22,7 @@ from gpen_tune.patcher import FileOps, PatchError, checkout_session, plan_apply,
 from gpen_tune.patcher.engine import MANIFEST, PRISTINE
 from gpen_tune.patcher.lock import checkout_lock
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 FACE_CROP_ONLY = ("face-crop",)
 
 

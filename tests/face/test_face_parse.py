@@ -190,10 +190,11 @@ def test_device_masks_equal_host_masks_and_feather_widens_for_small_faces(checkp
 @pytest.mark.slow
 def test_bf16_masks_agree_with_fp32_on_bundled_faces(checkpoints, faces):
     """The paste-mask criterion (IoU >= 0.99) and, since the test-made network's random logits all land in kept
-    classes, also its class maps: they agree on nearly every pixel although random logits have tiny margins."""
+    classes, also its class maps: they agree on nearly every pixel although random logits have tiny margins. One
+    face: bf16 runs emulated, slowly, on CPUs without bf16 instructions."""
     fp32 = FaceParser("cpu", checkpoints["ParseNet-latest.pth"], precision="fp32")
     bf16 = FaceParser("cpu", checkpoints["ParseNet-latest.pth"], precision="bf16")
-    x = torch.from_numpy(faces)
+    x = torch.from_numpy(faces[:1])
     assert mask_area_iou(fp32.masks_device(x), bf16.masks_device(x)) >= 0.99
     with torch.inference_mode():
         t = x.permute(0, 3, 1, 2).float() / 127.5 - 1.0
