@@ -73,9 +73,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
-    """Under workers a passed or skipped test prints no dot: its file's line counts it."""
-    if _progress is None or report.failed or hasattr(report, "wasxfail"):
+    """Under workers a test prints no letter: its file's line counts it (failures print in full at the end)."""
+    if _progress is None or hasattr(report, "wasxfail"):
         return None
+    if report.failed:
+        return ("failed", "", "FAILED") if report.when == "call" else ("error", "", "ERROR")
     if report.when == "call" or report.skipped:
         return report.outcome, "", report.outcome.upper()
     return None

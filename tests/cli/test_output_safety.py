@@ -145,6 +145,13 @@ def test_folder_entries_passed_over_are_named(tmp_path):
 # ---------------------------------------------------------------------------------------------------- signals
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:                                      # the process has just ended
+        return ""
+
+
 def _cli(args: list[str], **kw) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-m", "gpen_tune", "enhance", *args], cwd=ROOT, env=env,
@@ -155,7 +162,12 @@ def _cli(args: list[str], **kw) -> subprocess.Popen:
 def test_ctrl_c_during_start_up_exits_130_without_a_traceback(tmp_path):
     (a,) = walls(tmp_path / "in", ["a.png"])
     proc = _cli([str(a), "-o", str(tmp_path / "out"), *COMMON])
-    time.sleep(1.0)                                      # inside the imports / model build
+    # inside the imports / model build: torch's library is mapped (the CLI loads torch after its start-up handler
+    # is in place; a Ctrl-C before Python itself has started is not ours to handle)
+    maps = Path(f"/proc/{proc.pid}/maps")
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline and "libtorch" not in _read(maps):
+        time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err

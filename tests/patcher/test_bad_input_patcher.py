@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from test_patch_engine import cli, copy_checkout, snapshot
 
-from gpen_tune.patcher import FileOps, PatchError, checkout_session, plan_apply, plan_revert, status
+from gpen_tune.patcher import FileOps, PatchError, locked_checkout, plan_apply, plan_revert, status
 from gpen_tune.patcher.engine import MANIFEST, PRISTINE
 from gpen_tune.patcher.lock import checkout_lock
 
@@ -323,7 +323,7 @@ def scenarios(checkout: Path):
 def reset(checkout: Path, original: dict) -> None:
     if status(checkout).installed:
         plan_revert(checkout).commit()
-    with checkout_session(checkout, write=True):   # drops a lock file left by the CLI
+    with locked_checkout(checkout, write=True):   # drops a lock file left by the CLI
         pass
     assert tree(checkout) == original
 
@@ -395,7 +395,7 @@ def test_after_a_folder_turns_read_only_or_a_crash_the_next_run_recovers(world, 
                     status(checkout)
             else:
                 assert sources(state(checkout)) in (sources(before), sources(done)), f"{name}: step {n} of {total}"
-            with checkout_session(checkout, write=True):
+            with locked_checkout(checkout, write=True):
                 pass
             assert state(checkout) in (before, done), f"{name}: step {n} of {total}"
             if state(checkout) == done:
