@@ -65,6 +65,7 @@
 #   parse-cost-tests                      run 2026-12-02 01:29 UTC: the parse mask's cost: bench GPEN-BFR-512 with --parse-mask; the 6.8 MP group photo with and without it; all GPU tests (~7 min)
 #   low-memory-paste-tests                run 2026-12-02 01:05 UTC: 4 GB mode with the CPU paste and cuDNN's workspace sized on small GPUs: 64 photos (memory history), auto, 256 photos; all GPU tests (~5 min)
 #   tests-own-mtcnn-nets                  2026-12-02: MTCNN's networks our own (mtcnn_nets.py): all GPU tests (JUnit XML), detector speed, 4 GB mode on 64 photos, folder pipeline (~8 min)
+#   gpu-tests-mirrored-layout             2026-12-03: all GPU tests after tests/ was laid out as the package (JUnit XML) (~4 min)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -631,6 +632,12 @@ detector threads wait (NMS kernel landed)" -o "$DEST/$(date -u +%Y%m%d-%H%M)_thr
     timeout 70 "$PY" benchmarks/low_memory.py --photos 64 --out "$DEST" 2>&1 | grep -E "mib|failed|faces" >> "$LOG"
     step "folder throughput GPEN-BFR-512, preset speed, pipeline only (256 photos)"
     folder512 110 14 --images 256 --skip-serial
+    ;;
+  gpu-tests-mirrored-layout)
+    # needs .whl (facenet-pytorch for its weight files and the reference, facexlib, filterpy, av, libcst, spandrel)
+    step "GPU tests (all) in the layout that mirrors the package; JUnit XML in $DEST/gpu-tests.xml"
+    timeout 420 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider -rfEs --tb=short \
+      --junitxml="$DEST/gpu-tests.xml" 2>&1 | grep -v -i warn | tail -60 >> "$LOG"
     ;;
   *) echo "usage: $0 NAME (the names are listed at the top of $0)" >&2; exit 2 ;;
 esac

@@ -38,12 +38,12 @@ def apply_patches(
     if revert and show_status:
         raise fail("--revert and --status do not go together; run one, then the other")
     # The patch engine loads libcst (~0.5-0.9 s), so only this command imports it, not every CLI start.
-    from gpen_tune.patcher import PatchError, checkout_session, parse_only, plan_apply, plan_revert
+    from gpen_tune.patcher import PatchError, locked_checkout, parse_only, plan_apply, plan_revert
 
     writes = not (dry_run or show_status)
     try:
         names = parse_only(only)
-        with checkout_session(directory, write=writes, notify=lambda msg: _say(msg, to_err=True)) as recovered:
+        with locked_checkout(directory, write=writes, notify=lambda msg: _say(msg, to_err=True)) as recovered:
             if recovered:
                 _say(f"{directory}: rolled back an earlier apply-patches that was interrupted", to_err=True)
             if show_status:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from gpen_tune.patcher.engine import (
         Plan,
         Status,
-        checkout_session,
+        locked_checkout,
         parse_only,
         plan_apply,
         plan_revert,
@@ -25,12 +25,12 @@ if TYPE_CHECKING:
     from gpen_tune.patcher.transaction import FileOps
 
 _HOMES = {
-    "Plan": "engine", "Status": "engine", "checkout_session": "engine", "parse_only": "engine",
+    "Plan": "engine", "Status": "engine", "locked_checkout": "engine", "parse_only": "engine",
     "plan_apply": "engine", "plan_revert": "engine", "resolve": "engine", "status": "engine",
     "PatchError": "errors", "FileOps": "transaction",
 }
 
-__all__ = ["FileOps", "PatchError", "Plan", "Status", "UPSTREAM_COMMIT", "UPSTREAM_REPO", "checkout_session",
+__all__ = ["FileOps", "PatchError", "Plan", "Status", "UPSTREAM_COMMIT", "UPSTREAM_REPO", "locked_checkout",
            "parse_only", "plan_apply", "plan_revert", "resolve", "status"]
 
 

@@ -5,7 +5,7 @@ first apply) with the requested patches composed in one fixed order, so applying
 idempotent, and a revert restores byte-identical originals. The manifest `.gpen_tune/manifest.json` records
 the installed patches and the sha256 of each original and patched file: a file changed since patching is
 refused rather than overwritten. Every path comes from the patch set and is checked (`paths`) before it is read
-or written; `checkout_session` holds the checkout's lock and rolls back an interrupted earlier run.
+or written; `locked_checkout` holds the checkout's lock and rolls back an interrupted earlier run.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def parse_only(text: str | None) -> tuple[str, ...] | None:
 
 
 @contextmanager
-def checkout_session(root: Path, *, write: bool, notify: Callable[[str], None] | None = None) -> Iterator[bool]:
+def locked_checkout(root: Path, *, write: bool, notify: Callable[[str], None] | None = None) -> Iterator[bool]:
     """Hold the checkout's lock for one command (exclusive when `write`); plan and commit inside it.
 
     For a writing command an earlier run's interrupted transaction is rolled back first; yields whether it was.

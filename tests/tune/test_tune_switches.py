@@ -408,9 +408,6 @@ def test_all_cpu_switches_together_stay_within_tolerance(guard_model, guard_ref)
 
 # --- GPU (skipped here) ------------------------------------------------------------------------------------------
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
 @pytest.fixture
 def no_tf32():
     """Full fp32 convs and matmuls for the test, PyTorch's settings restored afterwards.
@@ -425,7 +422,6 @@ def no_tf32():
 
 
 @pytest.mark.gpu
-@gpu
 def test_cuda_graph_replays_the_right_outputs_for_changing_inputs(no_tf32):
     model = load_model("synthetic", model="GPEN-BFR-256", device="cuda")
     x = face_batch(256, n=3).cuda()
@@ -443,7 +439,6 @@ def test_cuda_graph_replays_the_right_outputs_for_changing_inputs(no_tf32):
 
 
 @pytest.mark.gpu
-@gpu
 def test_bf16_on_gpu_within_tolerance():
     model = load_model("synthetic", model="GPEN-BFR-256", device="cuda")
     x = face_batch(256, n=2).cuda()
@@ -454,7 +449,6 @@ def test_bf16_on_gpu_within_tolerance():
 
 
 @pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
 def test_cuda_graph_composes_with_compile_without_capturing_twice(mode):
     model = load_model("synthetic", model="GPEN-BFR-256", device="cuda")
@@ -476,7 +470,6 @@ def test_cuda_graph_composes_with_compile_without_capturing_twice(mode):
 
 
 @pytest.mark.gpu
-@gpu
 def test_cudnn_search_pool_is_released_after_warmup(monkeypatch):
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)  # restored after the test (others need defaults)
     model = load_model("synthetic", model="GPEN-BFR-256", device="cuda")
