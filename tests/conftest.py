@@ -30,6 +30,17 @@ def home(tmp_path, monkeypatch):
     return d
 
 
+@pytest.fixture
+def no_tf32():
+    """Full fp32 convs and matmuls on CUDA for the test, PyTorch's settings restored afterwards. With TF32 (cuDNN's
+    default for fp32 convs) batches of other sizes and graph replays pick other algorithms and differ by ~1e-3
+    relative, which a synthetic generator turns into several grey levels."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`): on a small shared

@@ -408,19 +408,6 @@ def test_all_cpu_switches_together_stay_within_tolerance(guard_model, guard_ref)
 
 # --- GPU (skipped here) ------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def no_tf32():
-    """Full fp32 convs and matmuls for the test, PyTorch's settings restored afterwards.
-
-    With TF32 (cuDNN's default for fp32 convs) eager and graph replay may pick different algorithms and differ by
-    ~1e-3 relative; in true fp32 a replay of the captured module must match eager to 1e-3.
-    """
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-
-
 @pytest.mark.gpu
 def test_cuda_graph_replays_the_right_outputs_for_changing_inputs(no_tf32):
     model = load_model("synthetic", model="GPEN-BFR-256", device="cuda")
