@@ -19,7 +19,6 @@ from file_progress import FileProgress, in_workers  # noqa: E402
 
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, torch.get_num_threads() // _WORKERS)))
-_progress: FileProgress | None = None
 
 
 @pytest.fixture
@@ -67,28 +66,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    global _progress
     if in_workers(config):
-        _progress = FileProgress(config)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node, ids: list[str]) -> None:
-    if _progress is not None:
-        _progress.expect(ids)
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if _progress is not None:
-        _progress.report(report)
-
-
-def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
-    """Under workers a test prints no letter: its file's line counts it (failures print in full at the end)."""
-    if _progress is None or hasattr(report, "wasxfail"):
-        return None
-    if report.failed:
-        return ("failed", "", "FAILED") if report.when == "call" else ("error", "", "ERROR")
-    if report.when == "call" or report.skipped:
-        return report.outcome, "", report.outcome.upper()
-    return None
+        config.pluginmanager.register(FileProgress(config), "file_progress")

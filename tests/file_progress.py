@@ -1,6 +1,6 @@
 """Progress per test file when the suite runs in worker processes (pytest-xdist): one line as each file finishes,
 with its counts, its seconds and how far the run is, instead of xdist's bare dots (a serial run already prints a
-line per file). Failures still print in full at the end."""
+line per file). Failures still print in full at the end. conftest.py registers it in the controlling process."""
 
 from __future__ import annotations
 
@@ -14,8 +14,12 @@ def _file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+RANK = {"passed": 0, "skipped": 1, "failed": 2}
+
+
 class FileProgress:
-    """Counts each test's outcome (its worst phase) and prints a file's line when its last test is reported."""
+    """A pytest plugin: counts each test's outcome (its worst phase), prints a file's line when its last test is
+    reported, and keeps the per-test letters off the console."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
@@ -26,15 +30,25 @@ class FileProgress:
         self.files_done = 0
         self.started = time.monotonic()
 
-    def expect(self, nodeids: list[str]) -> None:
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
         if not self.expected:                      # every worker collects the same tests (xdist checks that)
-            self.expected.update(_file_of(n) for n in nodeids)
+            self.expected.update(_file_of(n) for n in ids)
 
-    def report(self, report: pytest.TestReport) -> None:
-        rank = {"passed": 0, "skipped": 1, "failed": 2}
-        outcome = report.outcome
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(self, report: pytest.TestReport):
+        """No letter per test: its file's line counts it (failures print in full at the end)."""
+        if hasattr(report, "wasxfail"):
+            return None
+        if report.failed:
+            return ("failed", "", "FAILED") if report.when == "call" else ("error", "", "ERROR")
+        if report.when == "call" or report.skipped:
+            return report.outcome, "", report.outcome.upper()
+        return None
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         before = self.worst.get(report.nodeid, "passed")
-        self.worst[report.nodeid] = max(before, outcome, key=rank.__getitem__)
+        self.worst[report.nodeid] = max(before, report.outcome, key=RANK.__getitem__)
         path = _file_of(report.nodeid)
         self.seconds[path] += report.duration
         if report.when != "teardown":

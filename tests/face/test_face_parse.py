@@ -176,10 +176,9 @@ def test_masks_of_a_batch_equal_each_face_parsed_alone_on_the_cpu(checkpoints, f
 
 
 def test_feather_widens_for_small_faces():
-    big, small = BIG, SMALL
-    assert feather_sigma(256, small) > feather_sigma(256, big)
+    assert feather_sigma(256, SMALL) > feather_sigma(256, BIG)
     # a wider feather is a gentler ramp: compare the steepest steps of the two masks' square parts
-    square_small, square_big = default_mask(256, small), default_mask(256, big)
+    square_small, square_big = default_mask(256, SMALL), default_mask(256, BIG)
     assert np.abs(np.diff(square_small)).max() < np.abs(np.diff(square_big)).max()
 
 

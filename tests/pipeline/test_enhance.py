@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from face_testdata import detections, mtcnn, serial_run
+from model_configs import SMALLEST
 from PIL import Image
 
 import gpen_tune
@@ -109,10 +110,10 @@ def test_aligned_inputs(model):
 
 
 def test_bf16_model_gets_bf16_batches():
-    m = gpen_tune.load_model("synthetic", model=GPENConfig(16, narrow=1 / 16), device="cpu", dtype=torch.bfloat16)
+    m = gpen_tune.load_model("synthetic", model=SMALLEST, device="cpu", dtype=torch.bfloat16)
     pipe = Pipeline(EnhanceSettings(device="cpu"), model=m)
     assert pipe.restorer.dtype == torch.bfloat16
-    out = pipe.restorer.restore_crops(samples.aligned_face_crops(16, n=2))
+    out = pipe.restorer.restore_crops(samples.aligned_face_crops(SMALLEST.size, n=2))
     assert out.shape == (2, 16, 16, 3) and out.dtype == np.uint8
 
 

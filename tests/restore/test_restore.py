@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from model_configs import SMALLEST
 
 from gpen_tune.face import samples
 from gpen_tune.load import load_model
@@ -15,7 +16,6 @@ from gpen_tune.restore.restorer import Restorer, build_restorer
 from gpen_tune.tune import TuneConfig
 
 TINY = GPENConfig(64, narrow=0.25)
-SMALLEST = GPENConfig(16, narrow=1 / 16)   # every layer kind at 4, 8, 16 px
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import copy
 import numpy as np
 import pytest
 import torch
+from model_configs import SMALLEST
 
 from gpen_tune.bench.measure import psnr
 from gpen_tune.face import samples
@@ -24,7 +25,6 @@ from gpen_tune.tune.hardware import CpuCapabilities, cpu_capabilities, cpu_flags
 from gpen_tune.tune.options import PRESETS, GiB, TuneConfig, choose_cpu_preset, choose_preset, cli_flags, resolve_preset
 
 TINY = GPENConfig(64, narrow=0.25)
-SMALLEST = GPENConfig(16, narrow=1 / 16)   # every layer kind at 4, 8, 16 px: for what does not depend on size
 ZEN4 = ("processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni avx512_bf16 "
         "avx512vl\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni avx512_bf16 avx512vl\n")
 ZEN3 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"

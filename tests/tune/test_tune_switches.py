@@ -11,6 +11,7 @@ import weakref
 import numpy as np
 import pytest
 import torch
+from model_configs import SMALLEST
 
 from gpen_tune.load import load_model
 from gpen_tune.model.configs import GPENConfig
@@ -28,7 +29,6 @@ from gpen_tune.tune.live_memory import generator_activation_peak
 from gpen_tune.tune.torch_compile import CompiledForward
 
 TINY = GPENConfig(64, narrow=0.25)
-COMPILE_TINY = GPENConfig(16, narrow=1 / 16)   # the fewest levels (4, 8, 16 px) with every layer kind, 32 channels
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.one_thread
 
@@ -70,14 +70,14 @@ def tiny_ref(tiny_model):
 
 @pytest.fixture(scope="module")
 def guard_model():
-    """The smallest generator with every layer kind, for the fallback tests: half precision runs emulated (slowly)
-    on most CPUs, and what they check (which weights a re-run uses, when it happens) does not depend on size."""
-    return load_model("synthetic", model=COMPILE_TINY)
+    """SMALLEST, for the fallback tests: what they check (which weights a re-run uses, when it happens) does not
+    depend on size."""
+    return load_model("synthetic", model=SMALLEST)
 
 
 @pytest.fixture(scope="module")
 def guard_ref(guard_model):
-    x = face_batch(COMPILE_TINY.size)
+    x = face_batch(SMALLEST.size)
     with torch.no_grad():
         return x, guard_model(x)
 
@@ -161,7 +161,7 @@ def test_crop_level_guard_reruns_a_broken_half_batch_in_fp32(guard_model):
     as non-finite; a healthy half batch runs once."""
     from gpen_tune.restore.convert import to_model_input, to_uint8_nhwc
 
-    faces = ((face_batch(COMPILE_TINY.size, n=3) + 1) * 127.5).round().clamp(0, 255).byte().permute(0, 2, 3, 1)
+    faces = ((face_batch(SMALLEST.size, n=3) + 1) * 127.5).round().clamp(0, 255).byte().permute(0, 2, 3, 1)
     crops = [c.numpy() for c in faces]
     with torch.no_grad():
         want = to_uint8_nhwc(guard_model(to_model_input(torch.from_numpy(np.stack(crops))))).numpy()
@@ -189,7 +189,7 @@ def test_fp32_rerun_first_needed_inside_inference_mode(guard_model, guard_ref):
 
 
 def test_fp16_overflow_is_caught_and_rerun(guard_model):
-    x = face_batch(COMPILE_TINY.size, n=1)
+    x = face_batch(SMALLEST.size, n=1)
     big = copy.deepcopy(guard_model)
     with torch.no_grad():  # encoder activations ~1e6: fine in fp32, inf in fp16 (max 65504)
         big.ecd0[0][0].weight.mul_(1e6)
@@ -207,10 +207,10 @@ def test_fp16_overflow_is_caught_and_rerun(guard_model):
 
 @pytest.mark.slow
 def test_compile_traces_the_generator_as_one_graph_and_the_compiled_module_is_used():
-    """fullgraph=True (a graph break raises and would fall back): the Dynamo trace, run eagerly. On COMPILE_TINY,
+    """fullgraph=True (a graph break raises and would fall back): the Dynamo trace, run eagerly. On SMALLEST,
     which has every layer kind of GPEN-BFR-256 (encoder, mapping, styled convs with upsampling, ToRGB skips)."""
-    model = load_model("synthetic", model=COMPILE_TINY)
-    x = face_batch(COMPILE_TINY.size, n=1)
+    model = load_model("synthetic", model=SMALLEST)
+    x = face_batch(SMALLEST.size, n=1)
     with torch.no_grad():
         ref = model(x)
     graphs = []
@@ -249,10 +249,10 @@ def test_compile_failure_warns_and_runs_eager(tiny_model, tiny_ref):
 
 @pytest.mark.slow
 def test_inductor_compiles_the_generator_fullgraph_on_cpu():
-    """The real thing: Inductor code generation for the whole generator, on COMPILE_TINY (every layer kind; the
+    """The real thing: Inductor code generation for the whole generator, on SMALLEST (every layer kind; the
     code generation time grows with the layer count: GPEN-BFR-256 took 2.3-3.5 min cold on 2 busy cores)."""
-    model = load_model("synthetic", model=COMPILE_TINY)
-    x = face_batch(COMPILE_TINY.size, n=1)
+    model = load_model("synthetic", model=SMALLEST)
+    x = face_batch(SMALLEST.size, n=1)
     with torch.no_grad():
         ref = model(x)
     torch._dynamo.reset()
