@@ -273,9 +273,11 @@ def test_interrupt_raised_inside_a_stage(pipe, model, tmp_path):
     assert summary.interrupted
     assert len(summary.results) == 8 and summary.results[4].status == "dropped"
     assert summary.dropped >= 1 and "interrupted" in summary.line()
-    written = _all_decodable(out)
+    # the output folder is made by the first write: if image 4 came in the first prepare group, nothing was written
+    written = _all_decodable(out) if out.exists() else []
     assert {p.name for p in written} == {r.output.name for r in summary.results if r.status == "ok"}
-    _no_partial_files(out)
+    if out.exists():
+        _no_partial_files(out)
     scheduler = ("gpen-feed", "gpen-prep", "gpen-seq", "gpen-gpu", "gpen-fin")
     assert not [t.name for t in threading.enumerate() if t.name.startswith(scheduler)]   # every one has ended
 
