@@ -62,50 +62,61 @@ def _command_line(ctx: typer.Context) -> str:
     return shlex.join(parts)
 
 
+RUN_PANEL = "Model and inputs"
+MEASURE_PANEL = "Measurement"
+BACKEND_PANEL = "Backend"
+
+
+def _opt(*names: str, panel: str, help: str, **kw):
+    return typer.Option(*names, help=help, rich_help_panel=panel, **kw)
+
+
 @app.command(epilog=EXAMPLES)
 def bench(
     ctx: typer.Context,
-    output: Annotated[Path, typer.Option("-o", "--output", help="Folder for the JSON, markdown table and PNG plot.")],
-    model: Annotated[str, typer.Option("--model", help="GPEN-BFR-256 | GPEN-BFR-512 | GPEN-BFR-1024 | "
-                                       "GPEN-BFR-2048 (or 'tiny' for a smoke test).")] = "GPEN-BFR-512",
-    device: Annotated[str, typer.Option("--device", help="cuda, cuda:N or cpu. Default: cuda when available.")]
-    = "",
-    weights: Annotated[str, typer.Option("--weights", help="'synthetic' (deterministic random weights: timing "
-                                         "does not depend on them), a registry name or a .pth path.")]
+    output: Annotated[Path, _opt("-o", "--output", panel=RUN_PANEL, metavar="DIR",
+                                 help="Folder for the JSON, markdown table and PNG plot.")],
+    model: Annotated[str, _opt("--model", panel=RUN_PANEL, metavar="NAME",
+                               help="GPEN-BFR-256, -512, -1024 or -2048 ('tiny' for a smoke test).")]
+    = "GPEN-BFR-512",
+    device: Annotated[str, _opt("--device", panel=RUN_PANEL, metavar="DEV", show_default=False,
+                                help="cuda, cuda:N or cpu (default: cuda when available).")] = "",
+    weights: Annotated[str, _opt("--weights", panel=RUN_PANEL, metavar="W",
+                                 help="'synthetic' (timing does not depend on weights), a registry name or a .pth.")]
     = "synthetic",
-    inputs: Annotated[Path | None, typer.Option("--inputs", help="Folder of aligned face crops (resized to the "
-                                                "model size). Default: faces detected in the bundled photos.")]
+    inputs: Annotated[Path | None, _opt("--inputs", panel=RUN_PANEL, metavar="DIR",
+                                        help="Folder of aligned face crops (default: faces in the bundled photos).")]
     = None,
-    batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="Comma-separated batch sizes.")] = "1,4,16,64",
-    rows: Annotated[str | None, typer.Option("--rows", help="Comma-separated row ids (default: default, 1, 1+2, "
-                                             "1+2+3, 1-4, 1-6, each step alone, the other amp dtype, fused; "
-                                             "rows that cannot be faster on the device, e.g. fp16 on a CPU "
-                                             "without native fp16, are skipped unless named here). Extra: "
-                                             "preset:speed, preset:balanced, preset:low-memory, preset:cpu.")]
+    max_faces: Annotated[int, _opt("--max-faces", panel=RUN_PANEL, min=1, metavar="N",
+                                   help="Use at most this many input faces.")] = 16,
+    batch_sizes: Annotated[str, _opt("--batch-sizes", panel=MEASURE_PANEL, metavar="LIST",
+                                     help="Comma-separated batch sizes.")] = "1,4,16,64",
+    rows: Annotated[str | None, _opt("--rows", panel=MEASURE_PANEL, metavar="LIST", show_default=False,
+                                     help="Comma-separated row ids, e.g. default,amp,1+2,preset:speed (default: "
+                                          "the rows that can be faster on this device).")] = None,
+    repeats: Annotated[int, _opt("--repeats", panel=MEASURE_PANEL, min=1, metavar="N",
+                                 help="Timed calls per batch size (the median is reported).")] = 20,
+    warmup: Annotated[int, _opt("--warmup", panel=MEASURE_PANEL, min=0, metavar="N",
+                                help="Untimed calls after the first one.")] = 3,
+    max_minutes: Annotated[float | None, _opt("--max-minutes", panel=MEASURE_PANEL, metavar="MIN",
+                                              help="Skip the rows left after this many minutes (recorded).")]
     = None,
-    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed calls per batch size (median).")] = 20,
-    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed calls after the first one.")] = 3,
-    max_faces: Annotated[int, typer.Option("--max-faces", min=1, help="Use at most this many input faces.")] = 16,
-    compile_mode: Annotated[CompileMode, typer.Option("--compile-mode", help="Mode of the compile step's rows.")]
+    compile_mode: Annotated[CompileMode, _opt("--compile-mode", panel=MEASURE_PANEL, metavar="MODE",
+                                              help="default, reduce-overhead or max-autotune: the compile rows' mode.")]
     = CompileMode.default,
-    amp_dtype: Annotated[AmpMode, typer.Option("--amp-dtype", help="dtype of the amp step's rows (the other one "
-                                               "gets its own row).")] = AmpMode.bf16,
-    cudnn_benchmark: Annotated[bool, typer.Option("--cudnn-benchmark/--no-cudnn-benchmark",
-                                                  help="cuDNN algorithm search (upstream's detector turns it on).")]
-    = True,
-    tf32: Annotated[bool | None, typer.Option("--tf32/--no-tf32", help="TF32 tensor cores for fp32 convs and "
-                                              "matmuls (default: PyTorch's defaults, recorded in the JSON: cuDNN "
-                                              "convs TF32, matmuls fp32). --no-tf32 makes the fp32 default row "
-                                              "true fp32.", show_default=False)] = None,
-    max_minutes: Annotated[float | None, typer.Option("--max-minutes", help="Skip the rows left once this much "
-                                                      "time has passed (recorded in the results).")] = None,
-    parse_mask: Annotated[bool, typer.Option("--parse-mask", help="Also time the ParseNet paste mask on the same "
-                                             "crops, as the pipeline runs it (generator alone vs + parse mask).")]
-    = False,
-    parse_weights: Annotated[str | None, typer.Option("--parse-weights", metavar="PATH", help="The parse mask's "
-                                                      "weights: a ParseNet .pth or 'synthetic' (default: the "
-                                                      "cached official file, else synthetic); implies "
-                                                      "--parse-mask.")] = None,
+    amp_dtype: Annotated[AmpMode, _opt("--amp-dtype", panel=MEASURE_PANEL, metavar="DTYPE",
+                                       help="bf16 or fp16 for the amp rows (the other dtype gets its own row).")]
+    = AmpMode.bf16,
+    parse_mask: Annotated[bool, _opt("--parse-mask", panel=MEASURE_PANEL,
+                                     help="Also time the ParseNet paste mask on the same crops.")] = False,
+    parse_weights: Annotated[str | None, _opt("--parse-weights", panel=MEASURE_PANEL, metavar="PATH",
+                                              help="ParseNet .pth or 'synthetic' (default: the cached official "
+                                                   "file); implies --parse-mask.")] = None,
+    cudnn_benchmark: Annotated[bool, _opt("--cudnn-benchmark/--no-cudnn-benchmark", panel=BACKEND_PANEL,
+                                          help="Let cuDNN search for the fastest algorithms.")] = True,
+    tf32: Annotated[bool | None, _opt("--tf32/--no-tf32", panel=BACKEND_PANEL, show_default=False,
+                                      help="TF32 for fp32 convs and matmuls (default: PyTorch's, recorded in the "
+                                           "JSON).")] = None,
     preset: PresetOpt = None,
     lazy_detector: LazyDetectorOpt = None,
     compile: CompileOpt = None,
@@ -117,8 +128,9 @@ def bench(
 ) -> None:
     """Benchmark the generator with each optimization: ms/face, faces/s, peak memory, stability, PSNR vs fp32.
 
-    With --preset or any optimization flag, the table is the fp32 default plus that one configuration ("custom";
-    add --rows to measure it next to other rows).
+    Row ids: default, a step's name (amp, act_checkpoint, ...), amp_fp16, fused, the cumulative rows 1, 1+2,
+    1+2+3, 1-4, 1-6 and preset:NAME; rows that cannot be faster on the device are skipped unless --rows names
+    them. With --preset or any optimization flag, the table is the fp32 default plus that configuration ("custom").
     """
     # Long for its Typer signature (one annotated parameter per flag); the body itself is short.
     import torch  # heavy: torch (fast --help)

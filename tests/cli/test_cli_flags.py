@@ -38,6 +38,21 @@ def test_every_tune_field_has_its_flag_with_the_fields_help(command):
         assert switch_short(field.name) in helps, f"{command}: {_flag(field.name)} lacks the field's help"
 
 
+@pytest.mark.parametrize("command", ["enhance", "bench"])
+def test_help_fits_a_screenful_with_short_option_texts(command):
+    """At 120 columns the help stays under 100 lines; option texts say what a flag does, without measured figures."""
+    res = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "120"}, terminal_width=120)
+    assert res.exit_code == 0 and "Usage:" in res.output
+    lines = res.output.splitlines()
+    assert len(lines) <= 100, f"{command} --help is {len(lines)} lines at 120 columns"
+    assert max(len(line) for line in lines) <= 120
+    params = typer.main.get_command(app).commands[command].params
+    for p in params:
+        text = getattr(p, "help", None) or ""
+        assert len(text) <= 130, f"{command} {p.opts[0]}: help is {len(text)} characters"
+        assert "faces/s" not in text and " ms" not in text, f"{command} {p.opts[0]}: a figure in the help"
+
+
 def test_each_switch_flag_sets_exactly_its_field():
     """The flags' builder takes one argument per TuneConfig field, and each sets that field and no other."""
     names = {f.name for f in fields(TuneConfig)}
