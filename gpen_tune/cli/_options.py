@@ -16,6 +16,11 @@ from gpen_tune.tune.options import TuneConfig, resolve_preset, switch_short, wit
 PANEL = "Optimizations"
 
 
+def panel_option(*names: str, panel: str, help: str, **kw):
+    """A Typer option listed under its help panel (commands group their options by what they are for)."""
+    return typer.Option(*names, help=help, rich_help_panel=panel, **kw)
+
+
 class Preset(str, Enum):
     auto = "auto"
     speed = "speed"

@@ -23,6 +23,7 @@ from gpen_tune.cli._options import (
     PresetOpt,
     tune_config_from_options,
 )
+from gpen_tune.cli._options import panel_option as _opt  # short: it is on every option line
 from gpen_tune.tune import TuneConfig
 from gpen_tune.tune.options import cli_flags
 
@@ -65,10 +66,6 @@ def _command_line(ctx: typer.Context) -> str:
 RUN_PANEL = "Model and inputs"
 MEASURE_PANEL = "Measurement"
 BACKEND_PANEL = "Backend"
-
-
-def _opt(*names: str, panel: str, help: str, **kw):
-    return typer.Option(*names, help=help, rich_help_panel=panel, **kw)
 
 
 @app.command(epilog=EXAMPLES)

@@ -27,6 +27,7 @@ from gpen_tune.cli._options import (
     PresetOpt,
     tune_config_from_options,
 )
+from gpen_tune.cli._options import panel_option as _opt  # short: it is on every option line
 from gpen_tune.cli._progress import EnhanceProgress, print_summary
 from gpen_tune.distributed.ray_import import RayMissing, check_ray
 
@@ -65,10 +66,6 @@ class DeviceChoice(str, Enum):
     cuda = "cuda"
     cpu = "cpu"
     mps = "mps"
-
-
-def _opt(*names: str, panel: str, help: str, **kw):
-    return typer.Option(*names, help=help, rich_help_panel=panel, **kw)
 
 
 @app.command(epilog=EXAMPLES)

@@ -277,8 +277,7 @@ def test_interrupt_raised_inside_a_stage(pipe, model, tmp_path):
     # raise before image 0 is written, and then no folder exists
     written = _all_decodable(out) if out.exists() else []
     assert {p.name for p in written} == {r.output.name for r in summary.results if r.status == "ok"}
-    if out.exists():
-        _no_partial_files(out)
+    _no_partial_files(out)
     scheduler = ("gpen-feed", "gpen-prep", "gpen-seq", "gpen-gpu", "gpen-fin")
     assert not [t.name for t in threading.enumerate() if t.name.startswith(scheduler)]   # every one has ended
 
