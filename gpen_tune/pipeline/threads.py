@@ -199,18 +199,19 @@ class _Run:
 
     # -- threads ------------------------------------------------------------------------------------------------
     def _feeder(self) -> None:
+        # a slot first, then an item: a lane of a device pool that cannot start an input leaves it to the others
         count = 0
         self._rest = iter(self.source)
         try:
-            for item in self._rest:
+            while True:
+                if not self._take_slot():
+                    return
+                item = next(self._rest, None)
+                if item is None:                     # the source is exhausted
+                    self.slots.release()
+                    break
                 self.items[count] = item             # taken from the source: reported even if never run
                 count += 1
-                while not self.slots.acquire(timeout=_POLL_S):
-                    if self.stop.is_set():
-                        return
-                if self.stop.is_set():
-                    self.slots.release()
-                    return
                 self.inflight.add(1)
                 if not self._put(self.in_q, count - 1):
                     return
@@ -219,6 +220,16 @@ class _Run:
         for _ in range(self.prepare_workers):
             if not self._put(self.in_q, None):
                 return
+
+    def _take_slot(self) -> bool:
+        """Wait for a free in-flight slot; False (holding none) once the run is stopping."""
+        while not self.slots.acquire(timeout=_POLL_S):
+            if self.stop.is_set():
+                return False
+        if self.stop.is_set():
+            self.slots.release()
+            return False
+        return True
 
     def _prepare_worker(self) -> None:
         try:
