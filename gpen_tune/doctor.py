@@ -191,13 +191,3 @@ def _cache_section(warnings: list[str]) -> dict:
             continue
         section["files"].append({"name": p.name, "bytes": p.stat().st_size, "pinned_sha256": pinned.get(p.name)})
     return section
-
-
-def gpu_summary(report: dict) -> str:
-    """One line per GPU for humans."""
-    lines = []
-    for g in report["gpus"]:
-        free = "?" if g["free_bytes"] is None else f"{g['free_bytes'] / 2**30:.1f}"
-        lines.append(f"{g['index']}: {g['name']} (sm {g['capability']}), {free} / {g['total_bytes'] / 2**30:.1f} GiB "
-                     "free")
-    return "\n".join(lines) or "none"

@@ -404,13 +404,6 @@ def copy_file(src: str | Path, path: str | Path) -> Path:
     return path
 
 
-def encode_image(pic: Picture, fmt: str) -> bytes:
-    """The encoded file as bytes (used for comparison images and tests)."""
-    buf = io.BytesIO()
-    _to_pil(pic, fmt).save(buf, format=fmt, **_save_options(pic, fmt))
-    return buf.getvalue()
-
-
 def _current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -96,12 +96,6 @@ class TuneConfig:
         return " ".join(parts) or "all off (fp32 eager)"
 
 
-def switch_help(name: str) -> str:
-    """CLI help text of a switch, with its tolerance and requirement appended."""
-    meta = next(f for f in fields(TuneConfig) if f.name == name).metadata
-    return f"{meta['help']} (tolerance: {meta['tolerance']}; needs: {meta['requires']})"
-
-
 def switch_short(name: str) -> str:
     """The switch's one-sentence CLI help."""
     return next(f for f in fields(TuneConfig) if f.name == name).metadata["short"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from gpen_tune.model.configs import ModelInfo, model_info
+from gpen_tune.model.configs import ModelInfo
 
 
 def cache_dir() -> Path:
@@ -34,12 +34,3 @@ def missing_message(info: ModelInfo, problem: str, url: str | None = None) -> st
     if "modelscope" in info.source_note.lower():
         msg += f"; {info.name} is {info.source_note}"
     return msg
-
-
-def cached_file_or_error(name: str) -> Path:
-    """The cached file of registry model `name`, or an error naming the file, its URL and where to put it."""
-    info = model_info(name)
-    path = cached_file(info.filename)
-    if not path.is_file():
-        raise WeightsNotFoundError(missing_message(info, "is not in the cache"))
-    return path
