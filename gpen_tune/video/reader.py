@@ -91,11 +91,6 @@ class VideoInfo:
     def dtype(self) -> type[np.generic]:
         return np.uint16 if self.bit_depth > 8 else np.uint8
 
-    @property
-    def display_size(self) -> tuple[int, int]:
-        """(width, height) as shown, after the rotation."""
-        return (self.height, self.width) if self.rotation % 180 == 90 else (self.width, self.height)
-
 
 @dataclass
 class DecodeReport:
@@ -356,8 +351,3 @@ def _pts_step(info: VideoInfo) -> int:
 def _note(listed: list[int], pts: int) -> None:
     if len(listed) < MAX_LISTED_PTS:
         listed.append(pts)
-
-
-def read_frames(path: str | Path, *, upright: bool = False) -> Iterator[Frame]:
-    """Shorthand: the frames of `path` (see `VideoReader`)."""
-    return iter(VideoReader(path, upright=upright))
