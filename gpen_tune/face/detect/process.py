@@ -125,11 +125,6 @@ class ProcessDetector:
         self._thread = threading.Thread(target=self._serve, name="gpen-detect-process-io", daemon=True)
         self._thread.start()
 
-    @classmethod
-    def for_detector(cls, detector: Any, weights: str | None = None, **kwargs: Any) -> ProcessDetector:
-        """A process detector built like `detector` (which stays as it is; the caller still owns it)."""
-        return cls(DetectorSpec.of(detector, weights), **kwargs)
-
     def _wait_ready(self, timeout_s: float) -> dict:
         try:
             if not self._conn.poll(timeout_s):
