@@ -11,7 +11,7 @@ sinks; `close()` releases the detector process and the parser.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -350,7 +350,3 @@ def enhance_image(image: str | Path | np.ndarray, settings: EnhanceSettings | No
         return pipeline.enhance_image(image)
     with Pipeline(settings, tune) as pipe:
         return pipe.enhance_image(image)
-
-
-def settings_dict(settings: EnhanceSettings) -> dict[str, Any]:
-    return asdict(settings)
