@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpen_tune.pipeline.job import STAGES, ImageJob
+from gpen_tune.pipeline.job import ImageJob
 from gpen_tune.pipeline.sinks import Sink
 from gpen_tune.pipeline.sources import Source, SourceItem
 from gpen_tune.pipeline.stages import Stages, one_line
@@ -97,9 +97,6 @@ class RunSummary:
     @property
     def faces(self) -> int:
         return sum(j.face_count for j in self.results if j.status == "ok")
-
-    def stage_totals(self) -> dict[str, float]:
-        return {s: sum(j.timings.get(s, 0.0) for j in self.results) for s in STAGES}
 
     def line(self) -> str:
         text = (f"{self.ok} written, {self.failed} failed, {self.dropped} not processed; {self.faces} faces in "
