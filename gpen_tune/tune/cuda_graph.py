@@ -77,10 +77,6 @@ class GraphedForward:
         self.pool = None
         self.disabled: str | None = None
 
-    @property
-    def capture_seconds(self) -> float:
-        return sum(c.seconds for c in self.graphs.values())
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.disabled is not None or x.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
             return self.module(x)
