@@ -15,7 +15,7 @@ if [[ -n "${FACES_DIR:-}" ]]; then INPUTS=(--inputs "$FACES_DIR"); fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 run() {  # model, batch sizes
-  "$PY" -m gpen_tune.bench --model "$1" --device cuda --batch-sizes "$2" --repeats 10 --warmup 2 \
+  "$PY" -m gpen_tune bench --model "$1" --device cuda --batch-sizes "$2" --repeats 10 --warmup 2 \
     --max-faces 16 --max-minutes 6.5 ${INPUTS[@]+"${INPUTS[@]}"} -o "$DEST"
 }
 

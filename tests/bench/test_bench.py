@@ -197,3 +197,23 @@ def test_rows_cover_default_cumulative_and_alone():
     assert six.lazy_detector and six.compile == "default" and six.amp == "bf16" and six.act_checkpoint
     assert six.face_crop and six.cuda_graph and not six.fused
     assert np.all([r.cfg.enabled() == [] for r in select_rows(["default"])])
+
+
+def test_the_library_imports_no_cli_module():
+    """The arrows point one way: the CLI imports the library (`gpen_tune.bench` among it), never the reverse; only
+    `python -m gpen_tune` (gpen_tune/__main__.py) starts the CLI."""
+    import ast
+    from pathlib import Path
+
+    import gpen_tune
+
+    root = Path(gpen_tune.__file__).parent
+    back = []
+    for path in root.rglob("*.py"):
+        if path.relative_to(root).parts[0] in ("cli", "__main__.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            back += [f"{path.relative_to(root)}: {n}" for n in names if n.split(".")[:2] == ["gpen_tune", "cli"]]
+    assert back == []
