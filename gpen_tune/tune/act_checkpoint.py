@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from gpen_tune.model.layers import StyledConv
+from gpen_tune.tune.applied import Applied
 from gpen_tune.tune.options import TuneConfig
 
 
@@ -44,25 +45,31 @@ def use_low_memory_concat(model: nn.Module, on: bool = True) -> int:
     return n
 
 
-def is_supported(device: str | torch.device, cfg: TuneConfig | None = None) -> str | None:
+def is_supported(device: str | torch.device, cfg: TuneConfig) -> str | None:
     return None  # plain tensor code: every device
 
 
-def apply(model: nn.Module, cfg: TuneConfig) -> str | None:
-    """In-place activations + `release_features` on the generator; the reason when the module is not a GPEN."""
+def lower_peak(model: nn.Module, on: bool = True) -> str | None:
+    """`release_features` and the in-concat scaling on the generator; the reason when it cannot take them."""
     if not hasattr(model, "release_features"):
         return f"{type(model).__name__} has no release_features mode; --checkpoint has no effect on it"
     if torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters()):
         return "the model has trainable parameters: in-place inference ops would break backward"
-    model.release_features = bool(cfg.act_checkpoint)
-    use_low_memory_concat(model, bool(cfg.act_checkpoint))
+    model.release_features = on
+    use_low_memory_concat(model, on)
     return None
+
+
+def apply(done: Applied) -> None:
+    reason = lower_peak(done.model)
+    if reason:
+        done.skip("act_checkpoint", reason)
 
 
 def checkpointed_forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Gradient-enabled forward with autograd checkpointing of each encoder stage (fine-tuning only).
 
-    Only meaningful when `torch.is_grad_enabled()`; at inference use `apply` (release_features) instead.
+    Only meaningful when `torch.is_grad_enabled()`; at inference use `lower_peak` (release_features) instead.
     """
     if not torch.is_grad_enabled():
         return model(x)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpen_tune.model.layers import Blur, EqualLinear, ToRGB
+from gpen_tune.tune.applied import Applied
 from gpen_tune.tune.hardware import CpuCapabilities, cpu_capabilities
 from gpen_tune.tune.options import TuneConfig
 
@@ -154,7 +155,8 @@ def keeps_fp32_originals(device: str | torch.device, cfg: TuneConfig) -> bool:
     return not (torch.device(device).type == "cpu" and cfg.amp == "bf16")
 
 
-def apply(model: nn.Module, cfg: TuneConfig, keep_fp32: bool = True) -> tuple[nn.Module, Fp32Reserve | None]:
+def cast_with_reserve(model: nn.Module, cfg: TuneConfig, keep_fp32: bool = True
+                      ) -> tuple[nn.Module, Fp32Reserve | None]:
     """Cast `model` in place to cfg.amp's dtype; returns it and the fp32 reserve for the NaN fallback
     (`keep_fp32=False`: an up-cast-only reserve, no copy of the originals)."""
     dtype = AMP_DTYPES[cfg.amp]
@@ -164,3 +166,11 @@ def apply(model: nn.Module, cfg: TuneConfig, keep_fp32: bool = True) -> tuple[nn
     if not reserve.saved:
         reserve = Fp32Reserve.upcast_only()
     return cast_model(model, dtype), reserve
+
+
+def apply(done: Applied) -> None:
+    """Cast the generator; with --fused the fused build casts after it reads the fp32 weights (`fused.apply`)."""
+    if done.on("fused"):
+        return
+    done.model, done.reserve = cast_with_reserve(done.model, done.cfg, keeps_fp32_originals(done.device, done.cfg))
+    done.forward = done.model

@@ -32,13 +32,14 @@ from collections.abc import Callable
 import torch
 
 from gpen_tune.ops import fir_triton
+from gpen_tune.tune.applied import Applied
 from gpen_tune.tune.oom import is_out_of_memory
 from gpen_tune.tune.options import TuneConfig
 
 WARMUP_CALLS = 3
 
 
-def is_supported(device: str | torch.device, cfg: TuneConfig | None = None) -> str | None:
+def is_supported(device: str | torch.device, cfg: TuneConfig) -> str | None:
     device = torch.device(device)
     if device.type != "cuda":
         return f"CUDA Graphs need a CUDA device; running on {device.type} without graph capture"
@@ -145,7 +146,11 @@ class GraphedForward:
             torch.cuda.empty_cache()
 
 
-def apply(module: Callable[[torch.Tensor], torch.Tensor], cfg: TuneConfig,
-          on_fallback: Callable[[str], None] | None = None, *, buckets: tuple[int, ...]) -> GraphedForward:
-    """Wrap `module` in per-bucket graphs; `buckets`: the restorer's table (gpen_tune.restore.buckets.BUCKETS)."""
-    return GraphedForward(module, buckets=buckets, on_fallback=on_fallback)
+def apply(done: Applied) -> None:
+    """Wrap the forward so far in per-bucket graphs (done.buckets: the restorer's table), unless the compile mode
+    already replays CUDA graphs."""
+    if done.on("compile") and compile_already_graphs(done.cfg):
+        done.notes.append(f"cuda_graph: --compile {done.cfg.compile} already replays CUDA graphs; "
+                          "no second manual capture")
+        return
+    done.forward = GraphedForward(done.forward, buckets=done.buckets, on_fallback=done.log.append)

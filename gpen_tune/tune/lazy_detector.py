@@ -13,18 +13,13 @@ keeps the plain detector (a lazy detector still works there, it simply never rel
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 import torch
 
-from gpen_tune.face.detect import DEFAULT_MIN_FREE_BYTES, LazyDetector, Policy
+from gpen_tune.tune.applied import Applied
 from gpen_tune.tune.options import TuneConfig
 
-__all__ = ["DEFAULT_MIN_FREE_BYTES", "LazyDetector", "apply", "is_supported"]
 
-
-def is_supported(device: str | torch.device, cfg: TuneConfig | None = None) -> str | None:
+def is_supported(device: str | torch.device, cfg: TuneConfig) -> str | None:
     device = torch.device(device)
     if device.type != "cuda":
         return "the lazy detector frees GPU memory; on the CPU there is nothing to free"
@@ -33,9 +28,5 @@ def is_supported(device: str | torch.device, cfg: TuneConfig | None = None) -> s
     return None
 
 
-def apply(detector_factory: Callable[[], Any], cfg: TuneConfig, device: str | torch.device = "cuda",
-          policy: Policy = "tight", min_free_bytes: int = DEFAULT_MIN_FREE_BYTES) -> Any:
-    """What the pipeline holds: a LazyDetector when the switch is on, else the detector built now."""
-    if cfg.lazy_detector:
-        return LazyDetector(detector_factory, policy=policy, min_free_bytes=min_free_bytes, device=device)
-    return detector_factory()
+def apply(done: Applied) -> None:
+    """Nothing on the generator: `Pipeline.detector` reads `tune.lazy_detector` when it builds the detector."""

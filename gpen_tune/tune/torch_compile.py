@@ -22,11 +22,12 @@ from collections.abc import Callable
 
 import torch
 
+from gpen_tune.tune.applied import Applied
 from gpen_tune.tune.oom import is_out_of_memory
 from gpen_tune.tune.options import TuneConfig
 
 
-def is_supported(device: str | torch.device, cfg: TuneConfig | None = None) -> str | None:
+def is_supported(device: str | torch.device, cfg: TuneConfig) -> str | None:
     device = torch.device(device)
     if not hasattr(torch, "compile"):
         return f"torch {torch.__version__} has no torch.compile"
@@ -86,9 +87,7 @@ class CompiledForward:
             self.on_fallback(self.failed)
 
 
-def apply(module: torch.nn.Module, cfg: TuneConfig, on_fallback: Callable[[str], None] | None = None,
-          backend: str | Callable = "inductor") -> CompiledForward:
-    """Wrap `module` in a CompiledForward with cfg.compile's mode (caller checks cfg.compile is set)."""
-    if cfg.compile is None:
-        raise ValueError("cfg.compile is None: nothing to compile")
-    return CompiledForward(module, cfg.compile, on_fallback=on_fallback, backend=backend)
+def apply(done: Applied) -> None:
+    """Wrap the forward so far in a CompiledForward with cfg.compile's mode."""
+    done.forward = CompiledForward(done.forward, done.cfg.compile, on_fallback=done.log.append,
+                                   backend=done.compile_backend)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from model_configs import SMALLEST
 
+from gpen_tune.face.detect import LazyDetector
 from gpen_tune.load import load_model
 from gpen_tune.model.configs import GPENConfig
 from gpen_tune.model.layers import (
@@ -24,7 +25,7 @@ from gpen_tune.model.layers import (
 )
 from gpen_tune.restore.buckets import bucket_ceil
 from gpen_tune.restore.restorer import Restorer, build_restorer, finite_per_face
-from gpen_tune.tune import TuneConfig, act_checkpoint, amp, cuda_graph, face_crop, lazy_detector
+from gpen_tune.tune import TuneConfig, act_checkpoint, amp, cuda_graph
 from gpen_tune.tune.live_memory import generator_activation_peak
 from gpen_tune.tune.torch_compile import CompiledForward
 
@@ -116,7 +117,7 @@ def test_autograd_checkpointing_is_kept_for_grad_enabled_forwards(tiny_model, ti
     assert torch.allclose(out, ref, atol=1e-6)
     out.mean().backward()
     assert model.ecd0[0][0].weight.grad is not None
-    assert act_checkpoint.apply(model, TuneConfig(act_checkpoint=True)) is not None  # refused: would break grads
+    assert act_checkpoint.lower_peak(model) is not None  # refused: would break grads
 
 
 # --- amp ---------------------------------------------------------------------------------------------------------
@@ -342,7 +343,7 @@ def test_lazy_detector_builds_on_first_use_releases_and_rebuilds():
     from skimage import data
 
     img = data.astronaut()[:64, :64]
-    lazy = lazy_detector.LazyDetector(SmallDetector, policy="always")
+    lazy = LazyDetector(SmallDetector, policy="always")
     assert not lazy.loaded and lazy.builds == 0  # nothing built until needed
     first = lazy.detect([img])
     assert lazy.loaded and lazy.builds == 1
@@ -360,37 +361,13 @@ def test_lazy_detector_builds_on_first_use_releases_and_rebuilds():
 
 def test_lazy_detector_tight_policy_reads_free_memory():
     free = {"bytes": 10 * 1024**3}
-    lazy = lazy_detector.LazyDetector(SmallDetector, policy="tight", min_free_bytes=4 * 1024**3,
-                                      device="cuda:0", free_memory=lambda device: free["bytes"])
+    lazy = LazyDetector(SmallDetector, policy="tight", min_free_bytes=4 * 1024**3,
+                         device="cuda:0", free_memory=lambda device: free["bytes"])
     lazy.detector  # noqa: B018 - build it
     assert lazy.before_restore() is False and lazy.loaded  # plenty free: kept
     free["bytes"] = 1024**3
     assert lazy.before_restore() is True and not lazy.loaded  # tight: released
     assert lazy.before_restore() is False  # nothing left to release
-
-
-def test_lazy_detector_switch():
-    assert isinstance(lazy_detector.apply(SmallDetector, TuneConfig(lazy_detector=True)), lazy_detector.LazyDetector)
-    assert isinstance(lazy_detector.apply(SmallDetector, TuneConfig()), SmallDetector)
-    assert lazy_detector.is_supported("cpu") is not None
-
-
-# --- face crop ---------------------------------------------------------------------------------------------------
-
-def test_face_crop_maps_onto_pipeline_settings():
-    from dataclasses import dataclass
-
-    @dataclass(frozen=True)
-    class Settings:
-        det_size: int | None = None
-        face_crop: bool = False
-        other: str = "kept"
-
-    on = face_crop.apply(Settings(), TuneConfig(face_crop=True))
-    assert on == Settings(det_size=face_crop.DETECT_LONG_SIDE, face_crop=True)
-    off = face_crop.apply(on, TuneConfig(face_crop=False))
-    assert off.det_size is None and off.face_crop is False and off.other == "kept"
-    assert face_crop.apply({"x": 1}, TuneConfig(face_crop=True))["face_crop"] is True
 
 
 # --- build order -------------------------------------------------------------------------------------------------
