@@ -30,7 +30,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpen_tune.bench.measure import psnr, summary  # noqa: E402
+from timing import Stopwatch, summary  # noqa: E402
+
+from gpen_tune.bench.measure import psnr  # noqa: E402
 from gpen_tune.load import load_model  # noqa: E402
 from gpen_tune.model.fused import fuse  # noqa: E402
 from gpen_tune.model.reference import ReferenceGenerator  # noqa: E402
@@ -67,10 +69,10 @@ def measure(variants: dict, x: torch.Tensor, repeats: int, threads: int) -> dict
             fn(x)                                                   # warm-up: oneDNN primitive creation
         for _ in range(repeats):
             for name, fn in variants.items():
-                c0, t0 = time.process_time(), time.perf_counter()
-                fn(x)
-                wall[name].append((time.perf_counter() - t0) * 1000)
-                cpu[name].append((time.process_time() - c0) * 1000 / threads)
+                with Stopwatch() as sw:
+                    fn(x)
+                wall[name].append(sw.ms)
+                cpu[name].append(sw.process_cpu_s * 1000 / threads)
     return {k: {"wall": summary(wall[k]), "cpu_per_thread": summary(cpu[k]), "wall_ms": wall[k]}
             for k in variants}
 

@@ -22,13 +22,13 @@ import os
 import platform
 import shlex
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import cv2
 import numpy as np
 import torch
+from timing import Stopwatch, sync
 
 from gpen_tune.face import samples
 from gpen_tune.face.detect import DEFAULT_THRESHOLD, MTCNN_MIN_FACE, MTCNN_PYRAMID_FACTOR, MTCNN_STAGE_THRESHOLDS
@@ -105,22 +105,16 @@ def graphed_driver(side: int, pnet, nms_impl: str, area_impl: str):
     return driver
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def measure(driver, batch, nets, device, repeats: int) -> dict:
     with torch.inference_mode():
         counts = driver(batch, nets, device)                 # warm-up (cuDNN autotune, allocator)
         sync(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        t, c = time.perf_counter(), time.thread_time()
-        for _ in range(repeats):
-            driver(batch, nets, device)
-        sync(device)
-        dt, cpu = time.perf_counter() - t, time.thread_time() - c
+        with Stopwatch(device) as sw:
+            for _ in range(repeats):
+                driver(batch, nets, device)
+        dt, cpu = sw.seconds, sw.thread_cpu_s
     out = {"images_per_s": round(len(batch) * repeats / dt, 2), "s_per_batch": round(dt / repeats, 4),
            "host_cpu_s_per_batch": round(cpu / repeats, 4), "faces": counts}
     if device.type == "cuda":

@@ -18,13 +18,13 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 import tracemalloc
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import torch
+from timing import Stopwatch
 
 MIN_MEGAPIXELS = 12.0
 
@@ -46,15 +46,12 @@ def run_once(pipe, image: np.ndarray, device: torch.device, host_memory: bool) -
         torch.cuda.reset_peak_memory_stats(device)
     if host_memory:
         tracemalloc.start()
-    t0 = time.perf_counter()
     from gpen_tune.pipeline.sinks import MemorySink
     from gpen_tune.pipeline.sources import ArraySource
 
-    (job,) = pipe.run(ArraySource([image]), MemorySink(), serial=True).results
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    total = time.perf_counter() - t0
-    out = {"seconds": total, "faces": len(job.faces), "stages_s": dict(job.timings)}
+    with Stopwatch(device) as sw:
+        (job,) = pipe.run(ArraySource([image]), MemorySink(), serial=True).results
+    out = {"seconds": sw.seconds, "faces": len(job.faces), "stages_s": dict(job.timings)}
     if host_memory:
         out["host_peak_mib"] = tracemalloc.get_traced_memory()[1] / 2**20
         tracemalloc.stop()

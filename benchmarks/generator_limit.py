@@ -26,7 +26,6 @@ import shlex
 import statistics
 import subprocess
 import sys
-import time
 import traceback
 from pathlib import Path
 
@@ -36,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from generator_variants import VARIANTS, SkipRow, build_variant, plan  # noqa: E402
+from timing import Stopwatch, queued_calls, sync  # noqa: E402
 
 from gpen_tune.load import load_model  # noqa: E402
 from gpen_tune.model import MODELS, GPENConfig  # noqa: E402
@@ -87,33 +87,6 @@ def face_inputs(size: int, n: int, source: str = "auto") -> tuple[torch.Tensor, 
 # measuring
 
 
-class Clock:
-    """CUDA events on CUDA, perf_counter elsewhere."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def time_calls(self, fn, n: int) -> list[float]:
-        if self.cuda:
-            evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-            for a, b in evs:
-                a.record()
-                fn()
-                b.record()
-            torch.cuda.synchronize()
-            return [a.elapsed_time(b) for a, b in evs]
-        out = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t0) * 1e3)
-        return out
-
-
 def fidelity(out: torch.Tensor, ref: torch.Tensor) -> dict:
     """PSNR on the [-1, 1] image (clamped like the pipeline's output; peak-to-peak 2), raw PSNR, rel-L2, max-abs."""
     out = out.float()
@@ -156,19 +129,18 @@ def graph_callable(fn, xb: torch.Tensor):
 
 
 def run_row(fn, name: str, batch: int, inputs: torch.Tensor, ref: torch.Tensor, cfg: GPENConfig,
-            device: torch.device, clock: Clock, base_alloc: int, base_res: int, target_s: float) -> dict:
+            device: torch.device, base_alloc: int, base_res: int, target_s: float) -> dict:
     spec = VARIANTS[name]
     idx = torch.arange(batch) % inputs.shape[0]
     xb = inputs[idx.to(inputs.device)].contiguous()
     row: dict = dict(batch=batch)
     cuda = device.type == "cuda"
     with torch.no_grad():
-        t0 = time.perf_counter()
-        if spec.get("compile") and batch > 1:
-            torch._dynamo.mark_dynamic(xb, 0)
-        out = fn(xb)                                     # first call: compile / cuDNN algorithm search
-        clock.sync()
-        row["first_call_s"] = round(time.perf_counter() - t0, 3)
+        with Stopwatch(device) as first:
+            if spec.get("compile") and batch > 1:
+                torch._dynamo.mark_dynamic(xb, 0)
+            out = fn(xb)                                 # first call: compile / cuDNN algorithm search
+        row["first_call_s"] = round(first.seconds, 3)
         graph = None
         if spec.get("graph"):
             if not cuda:
@@ -180,14 +152,14 @@ def run_row(fn, name: str, batch: int, inputs: torch.Tensor, ref: torch.Tensor, 
         else:
             for _ in range(2):
                 fn(xb)
-            clock.sync()
+            sync(device)
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
             holder = {}
             step = lambda: holder.__setitem__("o", fn(xb))  # noqa: E731
-        est = clock.time_calls(step, 2)
+        est = queued_calls(step, device, 2)
         n = int(max(5 if cuda else 2, min(60, target_s * 1e3 / max(min(est), 1e-3))))
-        times = clock.time_calls(step, n)
+        times = queued_calls(step, device, n)
         if not spec.get("graph"):
             out = holder["o"]
             if cuda:
@@ -346,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-cudnn-benchmark", action="store_true")
     args = ap.parse_args(argv)
 
-    t_start = time.perf_counter()
+    run = Stopwatch().start()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print(f"--device {args.device}: CUDA is not available here; use --device cpu --model tiny", file=sys.stderr)
@@ -392,7 +364,6 @@ def main(argv: list[str] | None = None) -> int:
                          flops_per_face={lab: cfg.flops_per_face() for lab, cfg in models.values()})
     print(f"writing {path}", flush=True)
 
-    clock = Clock(device)
     state: dict = {}   # per model key: master, cfg, inputs, ref
     dead = None        # a sticky CUDA error (illegal address, ...) ends the run: later rows would all fail
     for key, name, batches in todo:
@@ -402,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
                                 for b in batches]
             continue
         if key not in state:
-            if time.perf_counter() - t_start > budget:
+            if run.elapsed() > budget:
                 for b in batches:
                     payload["rows"].append(dict(variant=name, model=label, batch=b, status="skipped",
                                                 reason="time budget"))
@@ -413,14 +384,13 @@ def main(argv: list[str] | None = None) -> int:
             inputs, source = face_inputs(cfg.size, n_ref, args.inputs)
             payload["inputs"][label] = source
             inputs = inputs.to(device)
-            t0 = time.perf_counter()
-            ref_m = copy.deepcopy(master).to(device)
-            with torch.no_grad():
-                chunk = 4 if cfg.size <= 512 else 1
-                ref = torch.cat([reference_forward(ref_m, inputs[i:i + chunk]) for i in range(0, n_ref, chunk)])
-            del ref_m
-            clock.sync()
-            print(f"[{label}] reference outputs for {n_ref} faces in {time.perf_counter() - t0:.1f}s "
+            with Stopwatch(device) as ref_time:
+                ref_m = copy.deepcopy(master).to(device)
+                with torch.no_grad():
+                    chunk = 4 if cfg.size <= 512 else 1
+                    ref = torch.cat([reference_forward(ref_m, inputs[i:i + chunk]) for i in range(0, n_ref, chunk)])
+                del ref_m
+            print(f"[{label}] reference outputs for {n_ref} faces in {ref_time.seconds:.1f}s "
                   f"(finite={bool(torch.isfinite(ref).all())}, std={float(ref.std()):.3f}); inputs: {source}",
                   flush=True)
             state[key] = dict(master=master, cfg=cfg, inputs=inputs, ref=ref)
@@ -437,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         cudnn_bench = torch.backends.cudnn.benchmark
         torch.backends.cudnn.benchmark = VARIANTS[name].get("cudnn_benchmark", cudnn_bench)
         try:
-            if time.perf_counter() - t_start > budget - VARIANTS[name].get("min_left_s", 0):
+            if run.elapsed() > budget - VARIANTS[name].get("min_left_s", 0):
                 raise SkipRow("time budget")
             fn = build_variant(name, st["master"], device)
             weights_mib = (torch.cuda.memory_allocated() - base_alloc) / MIB if device.type == "cuda" else None
@@ -454,11 +424,11 @@ def main(argv: list[str] | None = None) -> int:
                                                             build_err[1]})
                 if build_err[0] == "error":
                     row["traceback"] = build_tb
-            elif time.perf_counter() - t_start > budget:
+            elif run.elapsed() > budget:
                 row.update(batch=b, status="skipped", reason="time budget")
             else:
                 try:
-                    row.update(run_row(fn, name, b, st["inputs"], st["ref"], st["cfg"], device, clock,
+                    row.update(run_row(fn, name, b, st["inputs"], st["ref"], st["cfg"], device,
                                        base_alloc, base_res, target_s))
                     row["status"] = "ok"
                     if weights_mib is not None:
@@ -477,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
             err = row.get("error", "")
             if "CUDA error" in err or "illegal memory" in err or "device-side assert" in err:
                 dead = f"CUDA context lost after {name} bs{b}: {err[:120]}"
-            payload["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+            payload["elapsed_s"] = round(run.elapsed(), 1)
             write_json(path, payload)
             if "ms" in row:
                 print(f"  {name:28} {label:13} bs{b:<4} {row['ms']:9.3f} ms  {row['faces_per_s']:8.1f} faces/s  "
@@ -506,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
                 payload["profile"] = dict(variant=args.profile, error=f"{type(e).__name__}: {e}")
                 traceback.print_exc()
     payload["targets"] = targets(payload["rows"], models["main"][0])
-    payload["elapsed_s"] = round(time.perf_counter() - t_start, 1)
+    payload["elapsed_s"] = round(run.elapsed(), 1)
     write_json(path, payload)
     print()
     print(f"{info['device_name']} | torch {info['torch']} cuda {info['cuda']} triton {info.get('triton')} | "

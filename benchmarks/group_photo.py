@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from meters import Sampler  # noqa: E402
 from throughput import environment, metered_pipeline  # noqa: E402
+from timing import Stopwatch  # noqa: E402
 
 from gpen_tune.face.parse import timing_parse_weights  # noqa: E402
 from gpen_tune.pipeline.outputs import OutputNaming  # noqa: E402
@@ -80,20 +81,16 @@ def main(argv: list[str] | None = None) -> int:
     def once(i: int):
         return pipe.run(FileSource([photo]), FileSink(OutputNaming(work / f"out{i}")), serial=True)
 
-    t = time.perf_counter()
-    first = once(-1)                                        # warm-up: graphs, cuDNN, the detector's first call
-    warmup_s = time.perf_counter() - t
+    with Stopwatch(device) as warmup:
+        first = once(-1)                                    # warm-up: graphs, cuDNN, the detector's first call
+    warmup_s = warmup.seconds
     times, stages = [], {}
     meter.clear()
     with Sampler(device) as sampler:
         for i in range(args.repeats):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t = time.perf_counter()
-            summary = once(i)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - t)
+            with Stopwatch(device) as sw:
+                summary = once(i)
+            times.append(sw.seconds)
             for k, v in summary.results[0].timings.items():
                 stages[k] = stages.get(k, 0.0) + v / args.repeats
     faces = summary.faces

@@ -22,7 +22,6 @@ import pickle
 import shlex
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from results_file import write_result  # noqa: E402
+from timing import Stopwatch  # noqa: E402
 
 from gpen_tune.face import samples  # noqa: E402
 from gpen_tune.pipeline import EnhanceSettings, Pipeline, enhance  # noqa: E402
@@ -106,9 +106,9 @@ def run(args: argparse.Namespace) -> dict:
         if args.snapshot:
             torch.cuda.memory._record_memory_history(max_entries=1_000_000)
         with Pipeline(settings, tune) as pipe:
-            t0 = time.perf_counter()
-            result = enhance([str(src)], out, pipeline=pipe)
-            wall = time.perf_counter() - t0
+            with Stopwatch() as sw:
+                result = enhance([str(src)], out, pipeline=pipe)
+            wall = sw.seconds
             restorer = pipe.restorer
             faces = result.summary.faces
             peak_allocated = torch.cuda.max_memory_allocated(device)

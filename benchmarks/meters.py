@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 
 import torch
+from timing import Stopwatch
 
 
 class BusyMeter:
@@ -23,9 +23,9 @@ class BusyMeter:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         if x.device.type != "cuda":
-            t = time.perf_counter()
-            y = self.restore(x)
-            self.cpu_s += time.perf_counter() - t
+            with Stopwatch() as sw:
+                y = self.restore(x)
+            self.cpu_s += sw.seconds
             return y
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()

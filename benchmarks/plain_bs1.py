@@ -31,7 +31,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpen_tune.bench.measure import summary, time_calls  # noqa: E402
+from timing import Stopwatch, summary, time_calls  # noqa: E402
+
 from gpen_tune.load import load_model  # noqa: E402
 from gpen_tune.tune.amp import cast_model  # noqa: E402
 from gpen_tune.tune.cuda_graph import GraphedForward  # noqa: E402
@@ -188,10 +189,9 @@ def main() -> None:
                     out = net(x)
                 eager = summary(time_calls(partial(net, x), device, args.repeats))
                 graphed = GraphedForward(net, buckets=(1,))
-                t0 = time.perf_counter()
-                g_out = graphed(x)
-                torch.cuda.synchronize()
-                capture_s = time.perf_counter() - t0
+                with Stopwatch(device) as capture:
+                    g_out = graphed(x)
+                capture_s = capture.seconds
                 graph = summary(time_calls(partial(graphed, x), device, args.repeats))
                 ref = reference.setdefault(dtype_name, out.float())
                 row = {

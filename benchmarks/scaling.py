@@ -23,7 +23,6 @@ import os
 import shlex
 import sys
 import tempfile
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -31,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from PIL import Image  # noqa: E402
+from timing import Stopwatch  # noqa: E402
 
 from gpen_tune.face import samples  # noqa: E402
 from gpen_tune.pipeline.api import Pipeline, enhance  # noqa: E402
@@ -71,18 +71,17 @@ def measure_devices(folder: Path, settings: EnhanceSettings, tune: TuneConfig, d
     rows = []
     with Pipeline(settings, tune) as pipe:
         pipe.prepare()
-        t = time.perf_counter()
-        result = enhance([folder], work / "plain", pipeline=pipe)
-        rows.append(row("plain", 1, result, time.perf_counter() - t))
+        with Stopwatch() as sw:
+            result = enhance([folder], work / "plain", pipeline=pipe)
+        rows.append(row("plain", 1, result, sw.seconds))
     for mode in modes:
         for n in counts:
             devices = [device] * n if device == "cpu" else [f"cuda:{i}" for i in range(n)]
             with DevicePool(settings, tune, devices=devices, mode=mode) as pool:
                 pool.prepare()
-                t = time.perf_counter()
-                result = enhance([folder], work / f"devices-{mode}{n}", pipeline=pool)
-                wall = time.perf_counter() - t
-                rows.append(row(f"devices-{mode}", n, result, wall, {"per_device": pool.device_summary()}))
+                with Stopwatch() as sw:
+                    result = enhance([folder], work / f"devices-{mode}{n}", pipeline=pool)
+                rows.append(row(f"devices-{mode}", n, result, sw.seconds, {"per_device": pool.device_summary()}))
     return rows
 
 
@@ -97,13 +96,12 @@ def measure_ray(folder: Path, settings: EnhanceSettings, tune: TuneConfig, devic
     try:
         for n in counts:
             first: list[float] = []
-            t = time.perf_counter()
-            options = RayOptions(concurrency=n, num_gpus_per_actor=0 if device == "cpu" else 1,
-                                 cpus_per_actor=0.5 if device == "cpu" else 1.0)
-            result = ray_enhance([folder], work / f"ray{n}", settings, tune, options=options,
-                                 on_result=lambda _job, seen=first: seen or seen.append(time.perf_counter()))
-            wall = time.perf_counter() - t
-            rows.append(row("ray", n, result, wall, {"first_result_s": round(first[0] - t, 3) if first else None}))
+            with Stopwatch() as sw:
+                options = RayOptions(concurrency=n, num_gpus_per_actor=0 if device == "cpu" else 1,
+                                     cpus_per_actor=0.5 if device == "cpu" else 1.0)
+                result = ray_enhance([folder], work / f"ray{n}", settings, tune, options=options,
+                                     on_result=lambda _job, seen=first: seen or seen.append(sw.elapsed()))
+            rows.append(row("ray", n, result, sw.seconds, {"first_result_s": round(first[0], 3) if first else None}))
     finally:
         ray.shutdown()
     return rows

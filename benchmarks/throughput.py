@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from meters import BusyMeter, Sampler  # noqa: E402
+from timing import Stopwatch  # noqa: E402
 
 from gpen_tune.face import samples  # noqa: E402
 from gpen_tune.face.detect import init_detector  # noqa: E402
@@ -119,12 +120,9 @@ def measure(name: str, run, meter: BusyMeter, device: torch.device) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    with Sampler(device) as sampler:
-        t0 = time.perf_counter()
+    with Sampler(device) as sampler, Stopwatch(device) as sw:
         summary = run()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
+    wall = sw.seconds
     gen = meter.seconds()
     faces = summary.faces
     out = {
@@ -306,14 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     args.images = args.images or (480 if device.type == "cuda" else 8)
     batch = args.batch or (32 if device.type == "cuda" else 4)
     command = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
-    t_start = time.perf_counter()
+    whole = Stopwatch().start()
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="gpen-throughput-"))
     folder = work / "in"
     print(f"building {args.images} images in {folder} ...", flush=True)
-    t = time.perf_counter()
-    composition = build_folder(folder, args.images, args.tiny)
-    composition["build_s"] = round(time.perf_counter() - t, 2)
+    with Stopwatch() as build:
+        composition = build_folder(folder, args.images, args.tiny)
+    composition["build_s"] = round(build.seconds, 2)
 
     torch.backends.cudnn.benchmark = False
     model = load_model(args.weights, model=args.model, device=device)
@@ -342,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # warm-up: compile / graph capture / cuDNN / detector, on a few images through both paths (not timed below)
     print("warming up ...", flush=True)
-    t = time.perf_counter()
+    warm = Stopwatch().start()
     warm_in = sorted(folder.iterdir())[: 1 if args.tiny else 8]
     graphed = bool(tune_info.get("effective", {}).get("cuda_graph"))
     with torch.inference_mode():
@@ -353,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         capture()                         # the detector's P-Net graphs, every batch bucket (as the generator's)
     run(pipelines["default"], warm_in, "warm_serial", serial=True)
     run(pipelines["default"], warm_in, "warm_pipe")
-    warmup_s = time.perf_counter() - t
+    warmup_s = warm.elapsed()
 
     runs, summaries = {}, {}
     serial_inputs = sorted(folder.iterdir())[: args.serial_images] if args.serial_images else folder
@@ -422,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
             "gpu_busy": {"target": TARGETS["gpu_busy"], "got": pipe["gpu_busy"],
                          "met": (pipe["gpu_busy"] or 0) >= TARGETS["gpu_busy"]},
         }
-    result["total_s"] = round(time.perf_counter() - t_start, 1)
+    result["total_s"] = round(whole.elapsed(), 1)
     for p in pipelines.values():
         p.close()
     detector.close()

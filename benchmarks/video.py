@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from meters import BusyMeter, Sampler  # noqa: E402
 from throughput import environment, metered_pipeline  # noqa: E402
+from timing import Stopwatch  # noqa: E402
 
 from gpen_tune.face import samples  # noqa: E402
 from gpen_tune.pipeline.api import Pipeline  # noqa: E402
@@ -100,12 +101,9 @@ def run_clip(pipe: Pipeline, src: Path, dst: Path, serial: bool, meter: BusyMete
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    with Sampler(device) as sampler:
-        t0 = time.perf_counter()
+    with Sampler(device) as sampler, Stopwatch(device) as sw:
         result = enhance_video(src, dst, pipe, serial=serial, smooth=smooth)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
+    wall = sw.seconds
     gen = meter.seconds()
     out = {"wall_s": round(wall, 3), "frames": result.frames, "faces": result.faces,
            "frames_per_s": round(result.frames / wall, 2), "faces_per_s": round(result.faces / wall, 2),

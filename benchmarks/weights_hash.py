@@ -18,8 +18,6 @@ import platform
 import shlex
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,21 +26,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from timing import best_seconds  # noqa: E402
+
 from gpen_tune.load import load_model  # noqa: E402
 from gpen_tune.model.configs import MODELS  # noqa: E402
 from gpen_tune.weights.checkpoint import find_non_finite, synthetic_state_dict  # noqa: E402
 from gpen_tune.weights.download import file_sha256  # noqa: E402
 
 MODEL_NAMES = ("GPEN-BFR-256", "GPEN-BFR-512", "GPEN-BFR-1024", "GPEN-BFR-2048")
-
-
-def best_time(fn: Callable[[], object], repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def cpu_name() -> str:
@@ -60,11 +51,11 @@ def measure(name: str, folder: Path, repeats: int) -> dict:
     path = folder / MODELS[name].filename
     torch.save(synthetic_state_dict(cfg), path)
     size = path.stat().st_size
-    sha_s = best_time(lambda: file_sha256(path), repeats)
-    load_s = best_time(lambda: torch.load(path, map_location="cpu", weights_only=True), repeats)
+    sha_s = best_seconds(lambda: file_sha256(path), repeats)
+    load_s = best_seconds(lambda: torch.load(path, map_location="cpu", weights_only=True), repeats)
     sd = torch.load(path, map_location="cpu", weights_only=True)
-    finite_s = best_time(lambda: find_non_finite(sd), repeats)
-    model_s = best_time(lambda: load_model(path, name), repeats)
+    finite_s = best_seconds(lambda: find_non_finite(sd), repeats)
+    model_s = best_seconds(lambda: load_model(path, name), repeats)
     path.unlink()
     return {
         "model": name, "file_mb": round(size / 1e6, 1),
