@@ -1,6 +1,6 @@
 """`fuse(model)`: GPEN's forward rebuilt for speed from a loaded FullGenerator (same weights, same function).
 
-The --fused switch (gpen_tune.tune.fused) applies it; benchmarks/RESULTS-fast.md has the floors, predictions and
+The --fused switch (gpen_tune.tune.fused) applies it; benchmarks/RESULTS.md has the floors and the
 measurements behind each choice (alternatives measured slower were removed: NCHW layout, the encoder FIR as a
 separate conv or folded into a 6x6 kernel, the up-conv as 4 polyphase convs, a one-pass encoder epilogue).
 What changes against the plain model:

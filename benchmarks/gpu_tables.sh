@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The GPU tables of benchmarks/RESULTS.md, one part per table (each within ~10 minutes on one H200). Run from the
+# repository root on the GPU machine; JSON results go to $OUT (or benchmarks/results), each part's output to
+# $OUT/YYYYMMDD-HHMM-gpu-PART.log. PYTHON=echo prints the commands without running them.
+#   bash benchmarks/gpu_tables.sh PART        (no PART: the list)
+# Parts:
+#   generator      the generator against its limit, GPEN-BFR-512/256 (benchmarks/generator_limit.py --quick)
+#   bench-512      `gpen-tune bench`: the fp32 default, the six steps cumulative and alone, GPEN-BFR-512
+#   bench-256      the same on GPEN-BFR-256
+#   bench-presets  `gpen-tune bench` rows of the presets and single switches, GPEN-BFR-512
+#   parse-mask     `gpen-tune bench --parse-mask`: the ParseNet paste mask next to the generator
+#   folder         4,096 photos, file in to file out: serial vs pipeline (benchmarks/throughput.py)
+#   video          1080p clips, one face and a group: serial vs pipeline, flicker (benchmarks/video.py)
+#   group-photo    the 29-face Solvay photo x3 (6.8 MP), with and without the parse mask (benchmarks/group_photo.py)
+#   low-memory     a 4 GiB GPU emulated: peak memory over 64 and 256 photos (benchmarks/low_memory.py)
+#   detector       batched MTCNN against facenet-pytorch's driver (benchmarks/detector_speed.py)
+#   plain-bs1      the plain generator at batch 1, eager vs CUDA-graph replay (benchmarks/plain_bs1.py)
+#   face-crop      --face-crop on vs off on a >= 12 MP photo (benchmarks/face_crop_bench.py)
+#   scaling        1..8 GPUs of one host and 1..8 Ray actors (benchmarks/scaling.py; needs a multi-GPU host)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+DEST=${OUT:-benchmarks/results}
+PART=${1:-}
+if [[ -z "$PART" ]]; then sed -n '/^# Parts:/,/^set /p' "$0" | sed '$d'; exit 2; fi
+mkdir -p "$DEST"
+LOG="$DEST/$(date -u +%Y%m%d-%H%M)-gpu-$PART.log"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+run() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; "$@" 2>&1 | tee -a "$LOG"; }
+bench() { run timeout 590 "$PY" -m gpen_tune bench --device cuda --repeats 6 --warmup 2 -o "$DEST" "$@"; }
+
+case "$PART" in
+  generator)     run timeout 590 "$PY" benchmarks/generator_limit.py --quick --budget-s 125 \
+                   --profile fused_bf16_triton --out "$DEST" ;;
+  bench-512)     bench --model GPEN-BFR-512 --batch-sizes 1,4,16 --max-minutes 5.6 ;;
+  bench-256)     bench --model GPEN-BFR-256 --batch-sizes 1,4,16 --max-minutes 3.6 ;;
+  bench-presets) bench --model GPEN-BFR-512 --batch-sizes 1,4,16 --max-minutes 3.0 \
+                   --rows default,amp,cuda_graph,preset:balanced,compile,preset:speed ;;
+  parse-mask)    bench --model GPEN-BFR-512 --batch-sizes 1,8,32 --max-minutes 2.5 --rows default,preset:speed \
+                   --parse-mask ;;
+  folder)        run timeout 590 "$PY" benchmarks/throughput.py --model GPEN-BFR-512 --preset speed --images 4096 \
+                   --batch 32 --serial-images 256 --detector-process --out "$DEST" ;;
+  video)         run timeout 590 "$PY" benchmarks/video.py --model GPEN-BFR-512 --preset speed --frames 240 \
+                   --out "$DEST" ;;
+  group-photo)   run timeout 290 "$PY" benchmarks/group_photo.py --model GPEN-BFR-512 --preset speed --repeats 10 \
+                   --out "$DEST"
+                 run timeout 290 "$PY" benchmarks/group_photo.py --model GPEN-BFR-512 --preset speed --repeats 5 \
+                   --parse-mask --out "$DEST" ;;
+  low-memory)    run timeout 290 "$PY" benchmarks/low_memory.py --photos 64 --out "$DEST"
+                 run timeout 290 "$PY" benchmarks/low_memory.py --photos 256 --out "$DEST" ;;
+  detector)      run timeout 590 "$PY" benchmarks/detector_speed.py --device cuda --out "$DEST" ;;
+  plain-bs1)     run timeout 590 "$PY" benchmarks/plain_bs1.py --model GPEN-BFR-512 --out "$DEST" ;;
+  face-crop)     run timeout 590 "$PY" benchmarks/face_crop_bench.py --device cuda --model GPEN-BFR-512 --repeats 3 \
+                   --out "$DEST" ;;
+  scaling)       run timeout 590 "$PY" benchmarks/scaling.py --device cuda --workers 1,2,4,8 --ray-actors 1,2,4,8 \
+                   --images 2000 --model GPEN-BFR-512 --out "$DEST" ;;
+  *) echo "unknown part $PART; bash $0 lists them" >&2; exit 2 ;;
+esac
