@@ -4,7 +4,7 @@
 # $OUT/YYYYMMDD-HHMM-gpu-PART.log. PYTHON=echo prints the commands without running them.
 #   bash benchmarks/gpu_tables.sh PART        (no PART: the list)
 # Parts:
-#   generator      the generator against its limit, GPEN-BFR-512/256 (benchmarks/generator_limit.py --quick)
+#   generator      the generator against its limit, GPEN-BFR-512 (benchmarks/generator_limit.py --quick)
 #   bench-512      `gpen-tune bench`: the fp32 default, the six steps cumulative and alone, GPEN-BFR-512
 #   bench-256      the same on GPEN-BFR-256
 #   bench-presets  `gpen-tune bench` rows of the presets and single switches, GPEN-BFR-512
