@@ -61,6 +61,7 @@ def lower_peak(model: nn.Module, on: bool = True) -> str | None:
 
 
 def apply(done: Applied) -> None:
+    """Set the flags on the generator itself, before anything wraps it; skipped with the reason when it cannot."""
     reason = lower_peak(done.model)
     if reason:
         done.skip("act_checkpoint", reason)
