@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import struct
 import tempfile
@@ -355,13 +356,40 @@ def output_format(ext: str | None, pic: Picture) -> tuple[str, str]:
         return EXT_TO_FORMAT[e], e
     fmt = pic.format or "PNG"
     if pic.path is not None and pic.path.suffix.lower().lstrip(".") in EXT_TO_FORMAT:
-        return fmt, pic.path.suffix.lstrip(".")
+        return fmt, pic.path.suffix.lower().lstrip(".")     # as the output plan names it (P.JPG -> P.jpg)
     return fmt, FORMAT_TO_EXT[fmt]
+
+
+TEMP_NAME_KEEP = 200       # bytes of the final name kept in a temp name (pid, random part and ".part" follow)
+_OWN_TEMP = re.compile(r"^\..*\.(\d+)\.[a-z0-9_]{8}\.part$")
+
+
+def temp_prefix(name: str) -> str:
+    """The start of this process's temp names for `name`: ".<name>.<pid>." (the name cut to TEMP_NAME_KEEP bytes,
+    so a final name near the file system's 255-byte limit still gets a temp name)."""
+    cut = os.fsencode(name)[:TEMP_NAME_KEEP].decode(errors="ignore") if len(os.fsencode(name)) > TEMP_NAME_KEEP \
+        else name
+    return f".{cut}.{os.getpid()}."
+
+
+def video_temp_path(dst: Path) -> Path:
+    """The hidden name a video is written under before the rename (same folder: the rename is atomic)."""
+    return dst.with_name(f"{temp_prefix(dst.stem)}partial{dst.suffix}")
+
+
+_OWN_VIDEO_TEMP = re.compile(r"^\..*\.(\d+)\.partial\.[A-Za-z0-9]+$")
+
+
+def temp_owner(file_name: str) -> int | None:
+    """The process id in a temp name this package gives (`write_image`, `copy_file`, `video_temp_path`); None
+    for any other name."""
+    m = _OWN_TEMP.match(file_name) or _OWN_VIDEO_TEMP.match(file_name)
+    return int(m.group(1)) if m else None
 
 
 def _temp_beside(path: Path) -> str:
     """A new empty temp file next to `path`, named as `partial_pattern` describes."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=temp_prefix(path.name), suffix=".part")
     os.close(fd)
     return tmp
 
@@ -372,8 +400,32 @@ def partial_pattern(name_glob: str) -> str:
     return f".{name_glob}.*.part"
 
 
-def write_image(pic: Picture, path: str | Path, fmt: str | None = None) -> Path:
-    """Encode `pic` to `path` atomically (temp file in the same folder, then os.replace)."""
+class OutputExistsError(FileExistsError):
+    """The output appeared after the run planned it (another run into the same folder): not replaced."""
+
+
+def commit(tmp: str | Path, path: Path, replace: bool = True) -> None:
+    """Move the finished temp file onto `path`: os.replace, or (replace=False) only if `path` does not exist,
+    atomically where the file system has hard links (a file another process writes meanwhile is never replaced)."""
+    if replace:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise OutputExistsError(f"{path} appeared while this run worked (another run into the same folder?): not "
+                                "replaced; pass --overwrite to replace it") from None
+    except OSError:                           # no hard links here (some network and FAT file systems)
+        if os.path.lexists(path):
+            raise OutputExistsError(f"{path} already exists: not replaced; pass --overwrite to replace it") \
+                from None
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
+
+
+def write_image(pic: Picture, path: str | Path, fmt: str | None = None, *, replace: bool = True) -> Path:
+    """Encode `pic` to `path` atomically (temp file in the same folder, then `commit`)."""
     path = Path(path)
     fmt = fmt or EXT_TO_FORMAT.get(path.suffix.lower().lstrip("."), "PNG")
     tmp = _temp_beside(path)
@@ -383,21 +435,21 @@ def write_image(pic: Picture, path: str | Path, fmt: str | None = None) -> Path:
         else:
             _write_8_bit(pic, Path(tmp), fmt)
         os.chmod(tmp, 0o666 & ~_UMASK)
-        os.replace(tmp, path)
+        commit(tmp, path, replace)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
 
 
-def copy_file(src: str | Path, path: str | Path) -> Path:
-    """Byte-for-byte copy through a temp file and os.replace (images no face was pasted into)."""
+def copy_file(src: str | Path, path: str | Path, *, replace: bool = True) -> Path:
+    """Byte-for-byte copy through a temp file and `commit` (images no face was pasted into)."""
     path = Path(path)
     tmp = _temp_beside(path)
     try:
         shutil.copyfile(src, tmp)
         os.chmod(tmp, 0o666 & ~_UMASK)
-        os.replace(tmp, path)
+        commit(tmp, path, replace)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

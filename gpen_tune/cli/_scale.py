@@ -42,7 +42,7 @@ def ray_runner(output: str, address: str | None, gpus_per_actor: float) -> Calla
 
     def run(names, _output, settings, tune, *, pipeline, recursive, ext, suffix, name_pattern, existing,
             save_faces, save_comparison, serial, config, on_result, on_faces, on_start, video, notify,
-            save_mask=False) -> Any:
+            save_mask=False, report=None) -> Any:
         def done(job: Any) -> None:                  # faces are known per image once it is written
             if job.status == "ok":
                 on_faces(job.face_count)

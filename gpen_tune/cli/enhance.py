@@ -268,7 +268,7 @@ def run_command(names, output: Path, settings, tune, *, recursive, ext, suffix, 
                          save_comparison=save_comparison, serial=serial, config=config,
                          save_mask=save_mask,
                          on_result=progress.image_done, on_faces=progress.faces_done, on_start=progress.start,
-                         video=video, notify=notice)
+                         video=video, notify=notice, report=report)
     except user_errors() as e:
         _remove_if_empty(output, created)
         raise failure(e) from None
@@ -346,17 +346,13 @@ class _interrupts(_SigintScope):
     def __init__(self, output: Path):
         self.output = output
         self.count = 0
-        self.started = time.time()
 
     def _handler(self, signum, frame) -> None:
         self.count += 1
         if self.count == 1:
             raise KeyboardInterrupt
-        for tmp in self.output.rglob(".*.part"):
-            try:
-                if tmp.stat().st_mtime >= self.started - 1:
-                    tmp.unlink()
-            except OSError:
-                pass
+        from gpen_tune.pipeline.outputs import remove_stale_temp_files  # imported by the run already
+
+        remove_stale_temp_files(self.output, pid=os.getpid())   # images' and videos' temp files of this run
         err.print("\n[bold red]interrupted twice:[/] stopped at once; every file written is complete")
         os._exit(130)

@@ -163,7 +163,8 @@ class Finish:
                              face_crop=tune.face_crop, cut_on_device=False, save_faces=save_faces)
         self.remote = remote
         self.staging = Path(tempfile.mkdtemp(prefix="gpen-tune-ray-")) if remote else None
-        local = naming if remote is None else OutputNaming(self.staging, naming.ext, naming.suffix, naming.pattern)
+        local = naming if remote is None else OutputNaming(self.staging, naming.ext, naming.suffix, naming.pattern,
+                                                                   naming.replace)
         self.sink = FileSink(local, save_faces, save_comparison)
 
     def __call__(self, batch: Any) -> Any:
@@ -225,7 +226,7 @@ def _plan_remote(files: list[tuple[Path, str]], naming: OutputNaming, url: str, 
 
     filesystem, root = pafs.FileSystem.from_uri(url)
     with tempfile.TemporaryDirectory(prefix="gpen-tune-plan-") as staging:
-        local = OutputNaming(Path(staging), naming.ext, naming.suffix, naming.pattern)
+        local = OutputNaming(Path(staging), naming.ext, naming.suffix, naming.pattern, naming.replace)
         plan = plan_outputs(files, local, existing)
         rel = {i: local.planned(files[i][1], files[i][0]).relative_to(staging).as_posix() for i in plan.run}
     infos = filesystem.get_file_info([f"{root.rstrip('/')}/{r}" for r in rel.values()])
@@ -277,7 +278,7 @@ def ray_enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, s
     found = collect_inputs([str(n) for n in names], recursive)
     remote = str(outdir) if _is_url(outdir) else None
     naming = OutputNaming(Path(tempfile.gettempdir()) if remote else Path(outdir), ext=ext, suffix=suffix,
-                          pattern=name_pattern)
+                          pattern=name_pattern, replace=existing == "overwrite")
     if remote:
         plan = _plan_remote(found.files, naming, remote, existing)
     else:

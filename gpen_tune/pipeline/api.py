@@ -24,7 +24,15 @@ from gpen_tune.face.parse import load_parser
 from gpen_tune.imageio import ImageReadError, Picture
 from gpen_tune.load import load_model
 from gpen_tune.pipeline.job import ImageJob
-from gpen_tune.pipeline.outputs import OutputNaming, check_output_dir, collect_inputs, is_video, plan_outputs
+from gpen_tune.pipeline.outputs import (
+    OutputNaming,
+    SideImages,
+    check_output_dir,
+    collect_inputs,
+    is_video,
+    plan_outputs,
+    remove_stale_temp_files,
+)
 from gpen_tune.pipeline.scheduler import RunSummary, SchedulerConfig, run_serial
 from gpen_tune.pipeline.settings import EnhanceSettings, resolve_device, resolve_weights
 from gpen_tune.pipeline.sinks import FileSink, MemorySink, Sink
@@ -223,7 +231,7 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
             save_mask: bool = False, serial: bool | None = None, config: SchedulerConfig = SchedulerConfig(),
             on_result: Callable[[ImageJob], None] | None = None, on_faces: Callable[[int], None] | None = None,
             on_start: Callable[[int], None] | None = None, video: VideoOptions | None = None,
-            notify: Callable[[str], None] = default_notify) -> EnhanceResult:
+            notify: Callable[[str], None] = default_notify, report: str | Path | None = None) -> EnhanceResult:
     """Restore every face of every image named by `inputs` (files, folders, globs) into `outdir`.
 
     Outputs are planned before any work (two inputs on one output, or an output onto an input, raise
@@ -231,14 +239,18 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
     "skip"). Several inputs take the threaded scheduler, one input (or `serial=True`) the serial path.
     Videos among the inputs go through the same pipeline one after the other (`video`: codec, quality,
     smoothing), each written whole or not at all. `on_start(n)` is told how many images and video frames will
-    run, before the first.
+    run, before the first. `report`: the file the caller will write the report to (refused when it is an input or
+    an output). Temp files that killed runs left in `outdir` are removed first.
     """
     names = [inputs] if isinstance(inputs, str | Path) else list(inputs)
     found = collect_inputs([str(n) for n in names], recursive)
     outdir = Path(outdir)
-    naming = OutputNaming(outdir, ext=ext, suffix=suffix, pattern=name_pattern)
+    naming = OutputNaming(outdir, ext=ext, suffix=suffix, pattern=name_pattern, replace=existing == "overwrite")
     check_output_dir(outdir)
-    plan = plan_outputs(found.files, naming, existing)
+    plan = plan_outputs(found.files, naming, existing, SideImages(save_faces, save_comparison, save_mask),
+                        None if report is None else Path(report))
+    for stale in remove_stale_temp_files(outdir):
+        notify(f"removed {stale}: a temporary file of an interrupted earlier run")
     refused = [_job_for(i, found.files[i], "error", msg) for i, msg in plan.refused.items()]
     skipped = [_job_for(i, found.files[i], "skipped", msg) for i, msg in plan.skipped.items()]
     photos = [i for i in plan.run if not is_video(found.files[i][0])]
@@ -312,7 +324,8 @@ def _run_video(pipe: Pipeline, index: int, file: tuple[Path, str], naming: Outpu
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
         result = enhance_video(path, dst, pipe, codec=options.codec, crf=options.crf, smooth=options.smooth,
-                               config=config, on_result=on_result, on_faces=on_faces, notify=notify)
+                               config=config, on_result=on_result, on_faces=on_faces, notify=notify,
+                               replace=naming.replace)
     except (VideoReadError, VideoWriteError, OSError, ValueError) as e:
         job.fail(" ".join(str(e).split()) if str(path) in str(e) else f"{path}: {' '.join(str(e).split())}")
         return job, False

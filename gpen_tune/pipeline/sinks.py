@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from gpen_tune.face.check_images import comparison_image, weights_image
-from gpen_tune.imageio import FORMAT_TO_EXT, Picture, copy_file, to_array, write_image
+from gpen_tune.imageio import Picture, copy_file, picture_from_array, to_array, write_image
 from gpen_tune.pipeline.job import ImageJob
 from gpen_tune.pipeline.outputs import OutputNaming
 
@@ -46,33 +46,30 @@ class FileSink:
         pic = job.picture
         path, fmt = self.naming.path_for(pic, job.stem)
         path.parent.mkdir(parents=True, exist_ok=True)
+        replace = self.naming.replace
         if job.result is pic and pic.path is not None and fmt == pic.format:
-            job.output = copy_file(pic.path, path)
+            job.output = copy_file(pic.path, path, replace=replace)
         else:
-            job.output = write_image(job.result, path, fmt)
+            job.output = write_image(job.result, path, fmt, replace=replace)
         if self.save_faces:
             self._faces(job, fmt)
         if self.save_comparison:
-            self._comparison(job, fmt)
+            self._side(Picture(comparison_image(job.picture, job.result)), "comparisons", job.stem, fmt)
         if self.save_mask and job.blend_weights is not None:
-            write_image(Picture(weights_image(job.blend_weights)), self._side_path("masks", job.stem, "PNG"), "PNG")
+            self._side(picture_from_array(weights_image(job.blend_weights)), "masks", job.stem, "PNG")
         job.add_time("encode", time.perf_counter() - t)
         return job.output
 
-    def _side_path(self, folder: str, stem: str, fmt: str) -> Path:
-        path = self.naming.outdir / folder / f"{stem}.{FORMAT_TO_EXT[fmt]}"
+    def _side(self, pic: Picture, folder: str, stem: str, fmt: str) -> None:
+        """A side image: planned like the photo (`plan_outputs`), never replacing a file without --overwrite."""
+        path = self.naming.side_path(folder, stem, fmt)
         path.parent.mkdir(parents=True, exist_ok=True)
-        return path
+        write_image(pic, path, fmt, replace=self.naming.replace)
 
     def _faces(self, job: ImageJob, fmt: str) -> None:
         for i, face in enumerate(job.faces):
             if face.restored is not None and face.crop is not None:
-                write_image(Picture(np.hstack([face.crop, face.restored])),
-                            self._side_path("faces", f"{job.stem}_face{i:02d}", fmt), fmt)
-
-    def _comparison(self, job: ImageJob, fmt: str) -> None:
-        write_image(Picture(comparison_image(job.picture, job.result)), self._side_path("comparisons", job.stem, fmt),
-                    fmt)
+                self._side(Picture(np.hstack([face.crop, face.restored])), "faces", f"{job.stem}_face{i:02d}", fmt)
 
 
 class MemorySink:

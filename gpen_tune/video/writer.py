@@ -10,7 +10,6 @@ the source alongside the video, a little at a time, so memory does not grow with
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import av.error
 import numpy as np
 from av.video.reformatter import Colorspace
 
+from gpen_tune.imageio import commit, video_temp_path
 from gpen_tune.video.encoders import OUTPUT_FORMATS, EncoderError, pick_encoder
 from gpen_tune.video.reader import SWS_FLAGS_8BIT, VideoInfo
 
@@ -48,10 +48,7 @@ def default_notify(msg: str) -> None:
     print(f"notice: {msg}", file=sys.stderr, flush=True)
 
 
-def temp_path_for(dst: Path) -> Path:
-    """The hidden name a video is written under before the rename (same folder: the rename is atomic)."""
-    return dst.with_name(f".{dst.stem}.partial-{os.getpid()}{dst.suffix}")
-
+temp_path_for = video_temp_path       # the hidden name a video is written under before the rename
 
 def pick_pix_fmt(codec: str, src_pix_fmt: str, bit_depth: int) -> tuple[str, str | None]:
     """The source's pixel format when the encoder takes it, else 4:2:0 at the source's depth where possible."""
@@ -192,8 +189,9 @@ class VideoWriter:
 
     def __init__(self, dst: str | Path, info: VideoInfo, *, codec: str | None = None, crf: float | None = None,
                  device_type: str = "cpu", copy_streams: bool = True, upright: bool = False,
-                 notify: Callable[[str], None] = default_notify):
+                 notify: Callable[[str], None] = default_notify, replace: bool = True):
         self.dst = Path(dst)
+        self.replace = replace            # False: a file that appears at dst meanwhile is not replaced
         self.info = info
         self.upright = upright
         self.notify = notify
@@ -272,7 +270,11 @@ class VideoWriter:
             if self.side is not None:
                 self.side.close()
         self._closed = True
-        os.replace(self.tmp, self.dst)
+        try:
+            commit(self.tmp, self.dst, self.replace)
+        except OSError:
+            self.tmp.unlink(missing_ok=True)
+            raise
         return self.dst
 
     def abort(self, quiet: bool = False) -> None:
