@@ -131,6 +131,8 @@ def read_image(path: str | Path) -> Picture:
         w, h = img.size
         if w * h > MAX_PIXELS:
             raise ImageReadError(_too_big(path, (w, h)))
+        if img.format == "PNG":
+            _check_png_chunks(path)
         exif, orientation = _exif_without_orientation(img)
         icc = img.info.get("icc_profile") or None
         if img.mode == "CMYK":
@@ -157,6 +159,26 @@ def read_image(path: str | Path) -> Picture:
         except (OSError, SyntaxError, ValueError) as e:
             raise ImageReadError(f"{path}: truncated or corrupt image data ({e})") from None
         return Picture(rgb, alpha, gray, img.format, exif, icc, path)
+
+
+def _check_png_chunks(path: Path) -> None:
+    """Every chunk's CRC and length, up to IEND: libpng inside OpenCV decodes a pixel chunk with a bad CRC into
+    black rows without an error (Pillow refuses such a file); the check is one pass of zlib.crc32 over the bytes."""
+    data = path.read_bytes()
+    at = 8
+    while at + 12 <= len(data):
+        size, kind = struct.unpack(">I4s", data[at:at + 8])
+        end = at + 8 + size
+        if end + 4 > len(data):
+            raise ImageReadError(f"{path}: truncated PNG ({kind.decode('latin-1')} chunk cut off); the file is "
+                                 "damaged: copy it again from its source")
+        if zlib.crc32(data[at + 4:end]) != struct.unpack(">I", data[end:end + 4])[0]:
+            raise ImageReadError(f"{path}: damaged PNG (CRC error in its {kind.decode('latin-1')} chunk); copy it "
+                                 "again from its source")
+        if kind == b"IEND":
+            return
+        at = end + 4
+    raise ImageReadError(f"{path}: truncated PNG (no IEND chunk); the file is damaged: copy it again from its source")
 
 
 def _decode_with_opencv(path: Path, img: Image.Image) -> np.ndarray | None:
