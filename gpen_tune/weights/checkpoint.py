@@ -8,6 +8,7 @@ checked against the model config before `load_state_dict`.
 
 from __future__ import annotations
 
+import math
 import zipfile
 from collections.abc import Mapping
 from functools import lru_cache
@@ -54,6 +55,7 @@ def read_state_dict(path: str | Path, key: str | None = None, *, check_pin: bool
     kind = _sniff(path)
     if kind is not None:
         raise CheckpointError(f"{path}: not a PyTorch checkpoint (looks like {kind}); expected a GPEN .pth file")
+    _refuse_oversized_records(path)
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except zipfile.BadZipFile as e:
@@ -92,6 +94,29 @@ def read_state_dict(path: str | Path, key: str | None = None, *, check_pin: bool
         sd = {k[len("module."):]: v for k, v in sd.items()}
     _refuse_non_finite(sd, path)
     return sd
+
+
+@lru_cache(maxsize=1)
+def largest_record_bytes() -> int:
+    """The most bytes one storage of a GPEN checkpoint can need: the largest official generator whole, in fp64
+    (a state dict whose tensors all share one storage, at the widest float type)."""
+    return max(sum(math.prod(s) for s in expected_shapes(m.config).values()) for m in MODELS.values()) * 8
+
+
+def _refuse_oversized_records(path: Path) -> None:
+    """Refuse, before torch allocates anything, a zip checkpoint with a storage larger than any GPEN tensor can be:
+    torch allocates each storage at the size its zip entry states, and a small deflated file can state gigabytes."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            entries = z.infolist()
+    except (zipfile.BadZipFile, OSError):
+        return                                       # not a zip (legacy format) or damaged: torch.load says which
+    cap = largest_record_bytes()
+    for e in entries:
+        if e.file_size > cap:
+            raise CheckpointError(f"{path}: refused before loading: its entry {e.filename} would take "
+                                  f"{e.file_size / 1e9:.1f} GB, more than any GPEN tensor ({cap / 1e6:.0f} MB at "
+                                  "most); a damaged or foreign file: download it again or use another file")
 
 
 def find_non_finite(sd: Mapping[str, torch.Tensor]) -> dict[str, int]:
