@@ -27,6 +27,10 @@ from av.video.reformatter import Interpolation
 # rounding); bilinear + accurate rounding + full chroma interpolation keeps the mean within 0.1. At 16 bits the
 # defaults are unbiased and these flags garble the chroma in this FFmpeg, so they are for 8 bits only.
 SWS_FLAGS_8BIT = Interpolation.BILINEAR | Interpolation.ACCURATE_RND | Interpolation.FULL_CHR_H_INT
+# The largest frame read: DCI 8K (8192 x 4320), the top of H.264's and HEVC's levels. Checked from the stream's
+# header before any frame is decoded: several frames are in flight at once (decoder delay, the pipeline's slots),
+# so a frame near the photo limit (100 MP) would take gigabytes.
+MAX_FRAME_PIXELS = 8192 * 4320
 MAX_LISTED_PTS = 64               # corrupt / filled frame timestamps kept in the report (the counts are exact)
 
 
@@ -188,6 +192,12 @@ def _side_streams(container) -> tuple[tuple[SideStream, ...], tuple[SideStream, 
     return audio, subs
 
 
+def _check_frame_size(path: Path, width: int | None, height: int | None) -> None:
+    if width and height and width * height > MAX_FRAME_PIXELS:
+        raise _fail(path, f"frames of {width}x{height} = {width * height / 1e6:.0f} MP are over the video limit of "
+                          f"{MAX_FRAME_PIXELS / 1e6:.1f} MP (8192x4320): downscale the video first")
+
+
 def _first_frame(container, stream, path: Path) -> av.VideoFrame:
     """The first decodable frame (a few broken leading packets are tolerated), or the reason there is none."""
     failures = 0
@@ -220,7 +230,9 @@ def probe(path: str | Path) -> VideoInfo:
     container = _open(path)
     try:
         stream = _video_stream(container, path)
+        _check_frame_size(path, stream.codec_context.width, stream.codec_context.height)
         first = _first_frame(container, stream, path)
+        _check_frame_size(path, first.width, first.height)
         cc = stream.codec_context
         fps = stream.average_rate or stream.guessed_rate or stream.base_rate or Fraction(25)
         duration = _duration(container, stream)
