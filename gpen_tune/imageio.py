@@ -100,12 +100,24 @@ class Picture:
 
 
 def read_image(path: str | Path) -> Picture:
-    """Decode `path` into a Picture; raises ImageReadError with a one-line reason."""
+    """Decode `path` into a Picture; raises ImageReadError with a one-line reason (running out of memory too)."""
     path = Path(path)
+    try:
+        return _read_image(path)
+    except (MemoryError, cv2.error) as e:
+        if isinstance(e, cv2.error) and "memory" not in str(e).lower():
+            raise ImageReadError(f"{path}: cannot decode ({' '.join(str(e).split())[-120:]})") from None
+        raise ImageReadError(f"{path}: not enough memory to decode it: free memory, raise the limit (ulimit -v) "
+                             "or downscale the image") from None
+
+
+def _read_image(path: Path) -> Picture:
     if not path.exists():
         raise ImageReadError(f"{path}: no such file")
     if path.is_dir():
         raise ImageReadError(f"{path}: is a directory, not an image")
+    if not path.is_file():
+        raise ImageReadError(f"{path}: not a regular file (a pipe or a device): pass an image file")
     if path.stat().st_size == 0:
         raise ImageReadError(f"{path}: empty file (0 bytes)")
     try:

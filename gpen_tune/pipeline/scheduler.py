@@ -21,7 +21,7 @@ from typing import Any
 from gpen_tune.pipeline.job import ImageJob
 from gpen_tune.pipeline.sinks import Sink
 from gpen_tune.pipeline.sources import Source, SourceItem
-from gpen_tune.pipeline.stages import Stages, one_line
+from gpen_tune.pipeline.stages import IMAGE_ERRORS, Stages, one_line
 from gpen_tune.tune.hardware import usable_cores
 
 SERIAL_IMAGES_PER_STEP = 8       # images prepared together on the serial path (their faces share batches)
@@ -120,7 +120,7 @@ def finish_and_write(stages: Stages, sink: Sink, job: ImageJob, restored: list, 
         stages.finish(job, restored, restored_device)
         if not sink.ordered:
             sink.write(job)
-    except (OSError, ValueError, RuntimeError) as e:
+    except IMAGE_ERRORS as e:
         job.fail(one_line(job.source, e))
 
 
@@ -129,7 +129,7 @@ def write_in_order(sink: Sink, job: ImageJob) -> None:
     pixels are freed, the source item's meta (a decoded frame) included."""
     try:
         sink.write(job)
-    except (OSError, ValueError, RuntimeError) as e:
+    except IMAGE_ERRORS as e:
         job.fail(one_line(job.source, e))
     job.release(meta=True)
 
@@ -158,7 +158,12 @@ def run_serial(source: Source, stages: Stages, restorer: Any, sink: Sink, *, bat
             if not step:
                 break
             pending = list(step)
-            jobs = stages.prepare([new_job(i, it) for i, it in step], [it.load for _, it in step])
+            jobs = [new_job(i, it) for i, it in step]
+            try:
+                stages.prepare(jobs, [it.load for _, it in step])
+            except IMAGE_ERRORS as e:                # the detector's call, as the threaded scheduler's group
+                for job in jobs:
+                    job.fail(one_line(job.source, e))
             if stages.tracker is not None:
                 for job in jobs:
                     stages.sequence(job)
@@ -193,7 +198,7 @@ def _restore_inline(stages: Stages, restorer: Any, jobs: list[ImageJob], batch: 
                 part = chunk[done:done + min(len(chunk) - done, restorer.limit)]
                 _restore_part(stages, restorer, part)
                 done += len(part)
-        except (RuntimeError, ValueError) as e:
+        except IMAGE_ERRORS as e:
             for job, _, _ in chunk:
                 job.fail(one_line(job.source, e))
             continue

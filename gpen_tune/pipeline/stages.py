@@ -153,7 +153,7 @@ class Stages:
             try:
                 job.picture = as_picture(load())
                 job.size = job.picture.size
-            except (ImageReadError, ValueError, OSError) as e:
+            except IMAGE_ERRORS as e:
                 job.fail(one_line(job.source, e))
             job.add_time("decode", time.perf_counter() - t)
         live = [j for j in jobs if j.status != "error"]
@@ -367,6 +367,11 @@ def as_picture(item: Picture | np.ndarray | str) -> Picture:
     if isinstance(item, np.ndarray):
         return picture_from_array(item)
     return read_image(item)
+
+
+# What fails one image and not the run, on either scheduler: a bad file, a failed step, memory running out (the
+# threaded scheduler also fails its whole prepare group on anything else)
+IMAGE_ERRORS = (ImageReadError, ValueError, OSError, RuntimeError, MemoryError, cv2.error)
 
 
 def one_line(source: str, exc: BaseException) -> str:
