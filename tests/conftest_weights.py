@@ -59,6 +59,7 @@ class Route:
         truncate_first: send Content-Length in full but only half the body on the first N requests.
         range_ok: honour `Range: bytes=N-` with 206 (False: ignore it and send 200 + everything).
         delay: seconds to wait before answering (for timeouts).
+        trickle: seconds between single bytes of the body (a network that never stops and never gets there).
     """
 
     data: bytes | None = None
@@ -67,6 +68,7 @@ class Route:
     truncate_first: int = 0
     range_ok: bool = True
     delay: float = 0.0
+    trickle: float = 0.0
     hits: int = 0
 
 
@@ -139,6 +141,12 @@ def _handler(server: FileServer):
                 self.wfile.write(body[: len(body) // 2])  # then hang up: a truncated transfer
                 self.wfile.flush()
                 self.close_connection = True
+                return
+            if route.trickle:
+                for i in range(len(body)):
+                    self.wfile.write(body[i:i + 1])
+                    self.wfile.flush()
+                    time.sleep(route.trickle)
                 return
             self.wfile.write(body)
 

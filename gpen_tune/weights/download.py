@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO
 
 CHUNK = 1 << 20                      # bytes per read; also the progress granularity
+STALL_BYTES = 1024                   # a transfer that brings fewer bytes in `timeout` seconds has stalled
 BACKOFF_S = 1.0                      # first retry waits this long, then doubles
 USER_AGENT = "gpen-tune (+https://github.com/yangxy/GPEN weights fetcher)"
 FATAL_STATUS = {400, 401, 403, 404, 410, 451}   # retrying cannot help
@@ -273,7 +274,7 @@ def _attempt(url: str, part: Path, timeout: float, bar: _ProgressBar) -> tuple[s
         expected_size = None if total is None else done + total
         bar.start(done, expected_size)
         with open(part, mode) as f:
-            done = _copy(resp, f, h, done, bar)
+            done = _copy(resp, f, h, done, bar, timeout)
             f.flush()
             os.fsync(f.fileno())
     if expected_size is not None and done < expected_size:
@@ -281,11 +282,14 @@ def _attempt(url: str, part: Path, timeout: float, bar: _ProgressBar) -> tuple[s
     return h.hexdigest(), done
 
 
-def _copy(resp, f: IO[bytes], h, done: int, bar: _ProgressBar) -> int:
-    """Body -> `f`. A failed read is transient; a failed write (disk full) is an OSError for the caller."""
+def _copy(resp, f: IO[bytes], h, done: int, bar: _ProgressBar, timeout: float) -> int:
+    """Body -> `f`. A failed read is transient, and so is a stall (fewer than STALL_BYTES in `timeout` seconds:
+    the socket's own timeout counts only silence, so a server that sends a byte now and then would hold the
+    download for ever); a failed write (disk full) is an OSError for the caller."""
+    window_start, window_bytes = time.monotonic(), 0
     while True:
         try:
-            block = resp.read(CHUNK)
+            block = resp.read1(CHUNK)
         except http.client.IncompleteRead as e:
             f.write(e.partial)
             raise _Transient(f"truncated transfer after {done + len(e.partial)} bytes") from None
@@ -297,6 +301,11 @@ def _copy(resp, f: IO[bytes], h, done: int, bar: _ProgressBar) -> int:
         h.update(block)
         done += len(block)
         bar.advance(len(block))
+        window_bytes += len(block)
+        if time.monotonic() - window_start >= timeout:
+            if window_bytes < STALL_BYTES:
+                raise _Transient(f"stalled: {window_bytes} bytes in {timeout:g} s after {done} bytes")
+            window_start, window_bytes = time.monotonic(), 0
 
 
 def _range_start(content_range: str | None) -> int | None:
