@@ -48,6 +48,7 @@ def load_model(
         path = resolve_weights(weights, download=download)
         sd = read_state_dict(path, key=key)
         check_state_dict(sd, cfg, source=str(path))
+        sd = {k: v.float() if v.dtype != torch.float32 else v for k, v in sd.items()}   # fp16/fp64 files: fp32 values
         source = str(path)
     with torch.device("meta"):
         net = FullGenerator(cfg)

@@ -188,7 +188,7 @@ def enhance(
     from gpen_tune.model.configs import model_info  # heavy: torch (fast --help)
     from gpen_tune.pipeline.api import Pipeline, VideoOptions  # heavy: torch (fast --help)
     from gpen_tune.pipeline.api import enhance as run_enhance  # heavy: torch (fast --help)
-    from gpen_tune.pipeline.outputs import check_ext, check_pattern  # heavy: cv2 (fast --help)
+    from gpen_tune.pipeline.outputs import check_ext, check_pattern, check_suffix  # heavy: cv2 (fast --help)
     from gpen_tune.pipeline.report import check_report_path  # heavy: torch (fast --help)
     from gpen_tune.pipeline.scheduler import SchedulerConfig  # heavy: torch (fast --help)
     from gpen_tune.pipeline.settings import (  # heavy: torch (fast --help)
@@ -201,6 +201,7 @@ def enhance(
     try:                                                 # every argument checked before anything is printed
         model_info(model)
         check_pattern(name_pattern)
+        check_suffix(suffix)
         check_ext(ext)
         if report is not None:
             check_report_path(report)

@@ -187,6 +187,8 @@ def check_state_dict(sd: Mapping[str, torch.Tensor], cfg: GPENConfig, source: st
     missing = [k for k in want if k not in sd]
     unexpected = [k for k in sd if k not in want]
     wrong = [f"{k} {tuple(sd[k].shape)}!={want[k]}" for k in want if k in sd and tuple(sd[k].shape) != want[k]]
+    wrong += [f"{k} is {str(sd[k].dtype).replace('torch.', '')}, not floating point" for k in want
+              if k in sd and not sd[k].is_floating_point()]
     if missing or unexpected or wrong:
         def show(items: list[str], limit: int = 6) -> str:
             return ", ".join(items[:limit]) + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
@@ -197,7 +199,7 @@ def check_state_dict(sd: Mapping[str, torch.Tensor], cfg: GPENConfig, source: st
         if unexpected:
             parts.append(f"{len(unexpected)} unexpected keys: {show(_group_keys(unexpected), 8)}")
         if wrong:
-            parts.append(f"{len(wrong)} wrong shapes: {show(wrong, 3)}")
+            parts.append(f"{len(wrong)} wrong shapes or types: {show(wrong, 3)}")
         raise CheckpointError(
             f"{source}: does not match GPEN size {cfg.size} (channel_multiplier {cfg.channel_multiplier}, "
             f"narrow {cfg.narrow:g}): " + "; ".join(parts) + ". " + _which_model_hint(sd)
