@@ -59,7 +59,6 @@ _LAYOUT_TAGS = frozenset({254, 255, 256, 257, 258, 259, 262, 263, 264, 265, 266,
                           288, 289, 290, 291, 292, 293, 317, 320, 322, 323, 324, 325, 330, 338, 339, 340, 341, 347,
                           513, 514, 530, 531, 532, 34675})
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
-_IMREAD_COLOR_RGB = getattr(cv2, "IMREAD_COLOR_RGB", None)   # pyproject allows OpenCV 4.8, which lacks it
 
 
 class ImageReadError(ValueError):
@@ -209,11 +208,7 @@ def _decode_with_opencv(path: Path, img: Image.Image) -> np.ndarray | None:
     if not data.rstrip(b"\x00").endswith(end):
         return None
     buf = np.frombuffer(data, np.uint8)
-    if _IMREAD_COLOR_RGB is not None:                   # OpenCV >= 4.10: RGB straight from the decoder
-        rgb = cv2.imdecode(buf, _IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION)
-    else:
-        bgr = cv2.imdecode(buf, cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
-        rgb = None if bgr is None else cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+    rgb = cv2.imdecode(buf, cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION)   # RGB straight from the decoder
     if rgb is None or rgb.shape[:2] != (img.size[1], img.size[0]):
         return None
     return rgb
