@@ -70,19 +70,6 @@ def test_opencv_decode_equals_pillow_for_every_orientation(tmp_path, photo, ext,
     np.testing.assert_array_equal(pic.rgb, expect)
 
 
-def test_opencv_decode_without_the_rgb_flag_gives_the_same_pixels(tmp_path, photo, monkeypatch):
-    """OpenCV < 4.10 has no IMREAD_COLOR_RGB: the BGR decode + conversion must give the same RGB pixels."""
-    import gpen_tune.imageio as imageio_module
-
-    path = tmp_path / "o.jpg"
-    Image.fromarray(photo).save(path, quality=90, exif=_exif(6))
-    want = read_image(path).rgb
-    monkeypatch.setattr(imageio_module, "_IMREAD_COLOR_RGB", None)
-    with Image.open(path) as im:
-        assert _decode_with_opencv(path, im) is not None
-    np.testing.assert_array_equal(read_image(path).rgb, want)
-
-
 def test_icc_and_exif_carried_by_jpeg_png_webp_tiff(tmp_path, photo):
     icc = _srgb_icc()
     src = tmp_path / "in.jpg"
