@@ -23,6 +23,7 @@ from gpen_tune.patcher import plan_apply
 pytestmark = pytest.mark.slow   # every test runs the patched checkout in a child process
 
 sys.path.insert(0, str(Path(__file__).parent))
+from op_build import skip_unless_checkout_imports  # noqa: E402
 from test_patch_engine import copy_checkout  # noqa: E402
 
 PY = sys.executable
@@ -150,6 +151,8 @@ GEN_CONFIGS = {
 
 @pytest.mark.parametrize("kind", ["fixture", "upstream"])
 def test_patched_generator_runs_with_each_switch_and_matches_upstream_with_switches_off(kind, tmp_path):
+    if kind == "fixture":
+        skip_unless_checkout_imports()
     pristine = copy_checkout(kind, tmp_path / "pristine")
     patched = copy_checkout(kind, tmp_path / "patched")
     plan_apply(patched).commit()
@@ -204,6 +207,7 @@ def test_patched_generator_switches_on_a_gpu(kind, tmp_path):
 
 @pytest.mark.slow
 def test_patched_generator_compiles(tmp_path):
+    skip_unless_checkout_imports()
     pristine = copy_checkout("fixture", tmp_path / "pristine")
     patched = copy_checkout("fixture", tmp_path / "patched")
     plan_apply(patched, ["compile"]).commit()
@@ -226,6 +230,7 @@ PIPE_CONFIGS = {
 
 
 def test_patched_pipeline_and_demo_with_lazy_detector_and_face_crop(tmp_path):
+    skip_unless_checkout_imports()
     pristine = copy_checkout("fixture", tmp_path / "pristine")
     patched = copy_checkout("fixture", tmp_path / "patched")
     plan_apply(patched).commit()

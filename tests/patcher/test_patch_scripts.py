@@ -13,6 +13,7 @@ import pytest
 from skimage import data
 
 sys.path.insert(0, str(Path(__file__).parent))
+from op_build import skip_unless_checkout_imports  # noqa: E402
 from test_patch_engine import copy_checkout  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,6 +61,7 @@ def sh(script: Path, *args: str, env: dict, cwd: Path | None = None) -> subproce
 
 @pytest.mark.slow
 def test_optimize_is_safe_to_rerun_and_batch_runs_the_patched_demo(tmp_path):
+    skip_unless_checkout_imports()
     checkout = copy_checkout("fixture", tmp_path / "GPEN")
     tool = tmp_path / "gpen-tune"
     tool.write_text(TOOL)
