@@ -92,7 +92,8 @@ def download_cmd(
     file: Annotated[Path | None, typer.Option("--file", help="Use this local file (e.g. ModelScope's "
                                               "pytorch_model.pt) instead of downloading.")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
-    timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds per connect/read.")] = 30.0,
+    timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds per connect/read; under 1 KiB in "
+                                           "that time is a stall.")] = 30.0,
     retries: Annotated[int, typer.Option("--retries", min=0, help="Retries on transient errors.")] = 3,
 ) -> None:
     """Fetch NAME into the cache (verified: safe load, keys, shapes; sha256 pinned on first download)."""
