@@ -388,9 +388,10 @@ def plan_outputs(files: list[tuple[Path, str]], naming: OutputNaming, existing: 
             if same is not None:
                 raise OutputError(f"output {out} would overwrite the input {same}: use --suffix or another -o "
                                   "folder")
-            if key in reserved or key in owner:
-                other = reserved.get(key) or owner[key]
-                raise OutputError(f"{other} and {path} would both be written to {out}: change --name-pattern "
+            if key in reserved:
+                raise OutputError(f"output {out} of {path} is {reserved[key]}: name another file for --report")
+            if key in owner:
+                raise OutputError(f"{owner[key]} and {path} would both be written to {out}: change --name-pattern "
                                   "(keep {name}), --suffix or -o")
             owner[key] = str(path)
         if sides.faces and not is_video(path) and _is_face_image_name(target, naming.outdir):
