@@ -371,6 +371,8 @@ def plan_outputs(files: list[tuple[Path, str]], naming: OutputNaming, existing: 
     input_keys = {k: p for p, _ in files if (k := _file_key(p)) is not None}
     reserved: dict[Path, str] = {}
     if report is not None:
+        if os.path.lexists(report) and not Path(report).is_file():
+            raise OutputError(f"--report {report} is not a regular file: name a file for the report")
         report_key = _file_key(Path(report))
         if Path(report).resolve() in inputs or (report_key is not None and report_key in input_keys):
             raise OutputError(f"--report {report} is one of the inputs: name another file for the report")

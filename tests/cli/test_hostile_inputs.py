@@ -137,11 +137,13 @@ def test_a_file_that_appears_after_planning_is_not_replaced(tmp_path):
     assert (out / "x.png").read_bytes() == mine and temp_files(out) == []
 
 
-@pytest.mark.parametrize("target", ["input", "output"])
-def test_report_on_an_input_or_an_output_is_refused(tmp_path, target):
+@pytest.mark.parametrize("target", ["input", "output", "fifo"])
+def test_report_on_an_input_an_output_or_a_special_file_is_refused(tmp_path, target):
     a, b = walls(tmp_path / "in", "a.png", "b.png")
     out = tmp_path / "out"
-    report = a if target == "input" else out / "b.png"
+    report = {"input": a, "output": out / "b.png", "fifo": tmp_path / "report.fifo"}[target]
+    if target == "fifo":
+        os.mkfifo(report)
     before = snapshot(tmp_path)
     res = enhance(tmp_path / "in", "-o", out, "--report", report)
     one_error(res, 1, "--report", str(report))
