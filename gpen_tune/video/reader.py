@@ -320,6 +320,7 @@ class VideoReader:
                             if fill is not None:
                                 yield fill
                         del waiting[:at + 1]
+                    _check_frame_size(self.path, frame.width, frame.height)   # a size change mid-stream
                     image = self._to_array(frame)
                     if frame.is_corrupt:
                         self.report.corrupt += 1
