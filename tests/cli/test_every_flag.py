@@ -86,6 +86,7 @@ def test_inputs_by_option_recursive_strength_threshold_center_face_and_side_imag
         assert np.abs(np.asarray(a, np.int16) - np.asarray(b, np.int16)).max() > 0
 
 
+@pytest.mark.slow
 def test_background_upsampler_with_weights_scale_and_tiles(tmp_path):
     pytest.importorskip("spandrel")
     import sys

@@ -255,7 +255,8 @@ def test_checkpoint_claiming_gigabytes_is_refused_before_loading(tmp_path):
     assert not any((tmp_path / "out").glob("*"))
 
 
-@pytest.mark.parametrize("change", ["float16", "float64", "int", "scalar"])
+@pytest.mark.parametrize("change", [pytest.param("float16", marks=pytest.mark.slow),
+                                    pytest.param("float64", marks=pytest.mark.slow), "int", "scalar"])
 def test_checkpoints_with_unusual_tensors(tmp_path, change):
     import cv2
 
@@ -346,6 +347,7 @@ def test_huge_16_bit_png_under_a_memory_limit_is_one_line_on_the_one_input_path(
     assert not any(out.glob("*"))
 
 
+@pytest.mark.slow
 def test_file_size_limit_fails_the_file_and_leaves_no_half_file(tmp_path):
     src = tmp_path / "in"
     src.mkdir()
