@@ -128,7 +128,10 @@ def _read_image(path: Path) -> Picture:
     except UnidentifiedImageError:
         raise ImageReadError(f"{path}: not an image (or a format Pillow cannot read)") from None
     except OSError as e:
-        raise ImageReadError(f"{path}: cannot read ({e})") from None
+        if e.errno is not None:                       # the file system's answer (permission, I/O error)
+            raise ImageReadError(f"{path}: cannot read ({e.strerror or e})") from None
+        raise ImageReadError(f"{path}: cannot read ({e}); the file is damaged or cut off: copy it again from its "
+                             "source") from None
     with img:
         if img.format not in FORMAT_TO_EXT:
             hint = "; convert it to PNG first" if img.format == "GIF" else ""
