@@ -3,8 +3,11 @@
 * `collect_inputs`: files, folders and glob patterns -> (path, output stem) pairs, plus one line for every
   name that gave nothing and every file a folder walk passed over (with the reason).
 * `OutputNaming`: the output path of each input from a pattern with only {name}, {suffix} and {ext}.
-* `plan_outputs`: every output path before any work: two inputs on one output, or an output onto an input, are
-  refused up front; an existing file is refused (default), replaced (`overwrite`) or skipped (`skip`).
+* `plan_outputs`: every output path before any work, side images included: two inputs on one output, an output
+  onto an input or the report, a name that leaves -o or is too long, are refused up front; an existing file is
+  refused (default), replaced (`overwrite`) or skipped (`skip`). The writers hold to it too: without
+  `OutputNaming.replace` they never replace a file that appeared after planning (another run).
+* `remove_stale_temp_files`: the temp files of killed runs (our names, dead process ids) removed at start.
 """
 
 from __future__ import annotations
@@ -238,7 +241,7 @@ class OutputNaming:
         return self.path(stem, ext), fmt
 
     def side_path(self, folder: str, stem: str, fmt: str) -> Path:
-        """Where a side image goes: OUT/<folder>/<stem>.<ext> (SIDE_FOLDERS)."""
+        """Where a side image goes: OUT/<folder>/<stem>.<ext> (folder: faces, comparisons or masks)."""
         return self.outdir / folder / f"{stem}.{FORMAT_TO_EXT[fmt]}"
 
 
