@@ -23,7 +23,7 @@ from gpen_tune.face.detect import BatchingDetector, default_notify, init_detecto
 from gpen_tune.face.parse import load_parser
 from gpen_tune.imageio import ImageReadError, Picture
 from gpen_tune.load import load_model
-from gpen_tune.pipeline.job import ImageJob
+from gpen_tune.pipeline.job import ImageJob, one_line_text
 from gpen_tune.pipeline.outputs import (
     OutputNaming,
     SideImages,
@@ -345,7 +345,7 @@ def _run_video(pipe: Pipeline, index: int, file: tuple[Path, str], naming: Outpu
 
 def _job_for(index: int, file: tuple[Path, str], status: str, message: str) -> ImageJob:
     job = ImageJob(source=str(file[0]), index=index, stem=file[1])
-    job.status, job.error = status, message
+    job.status, job.error = status, one_line_text(message)
     return job
 
 

@@ -25,6 +25,14 @@ class FaceCrop:
     parse_mask_device: Any = None        # the same on the device (device paste)
 
 
+_CONTROL = {c: f"\\x{c:02x}" for c in range(32)} | {10: "\\n", 13: "\\r", 9: "\\t", 127: "\\x7f"}
+
+
+def one_line_text(text: str) -> str:
+    """`text` with its control characters escaped (\\n, \\x1b, ...): one line whatever the file names in it."""
+    return text.translate(_CONTROL)
+
+
 @dataclass
 class ImageJob:
     """One input through decode -> detect -> align -> restore -> paste -> encode; errors stay on the job."""
@@ -56,7 +64,9 @@ class ImageJob:
         self.timings[stage] = self.timings.get(stage, 0.0) + seconds
 
     def fail(self, message: str) -> None:
-        self.status, self.error = "error", message
+        """Mark the job failed with a one-line message (control characters of file names shown escaped, so a
+        name with a line break cannot split it)."""
+        self.status, self.error = "error", one_line_text(message)
 
     def release(self, meta: bool = False) -> None:
         """Free the pixels once written (`meta`: the source item's too, e.g. a decoded frame); the report keeps

@@ -45,7 +45,7 @@ from gpen_tune.imageio import ImageReadError, Picture, picture_from_array, read_
 from gpen_tune.ops import paste as paste_op
 from gpen_tune.ops import warp_crop
 from gpen_tune.ops.transfer import thread_stream
-from gpen_tune.pipeline.job import FaceCrop, ImageJob
+from gpen_tune.pipeline.job import FaceCrop, ImageJob, one_line_text
 from gpen_tune.pipeline.settings import EnhanceSettings
 
 # auto paste without the one-kernel paste: on the GPU from about 1920x1080 up (smaller frames paste fast on the
@@ -376,7 +376,9 @@ IMAGE_ERRORS = (ImageReadError, ValueError, OSError, RuntimeError, MemoryError, 
 
 def one_line(source: str, exc: BaseException) -> str:
     """One line naming the input: the exception's own message when it already does (ImageReadError)."""
-    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    if source in msg:
+    shown = one_line_text(source)                  # a file name with a line break stays on the line
+    text = str(exc).strip().replace(source, shown)
+    msg = text.splitlines()[0] if text else ""
+    if shown in msg:
         return msg
-    return f"{source}: {type(exc).__name__}" + (f": {msg}" if msg else "")
+    return f"{shown}: {type(exc).__name__}" + (f": {msg}" if msg else "")

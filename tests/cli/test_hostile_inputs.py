@@ -222,6 +222,14 @@ def test_png_with_a_crc_error_in_its_pixels_fails_that_file(tmp_path):
     assert [p.name for p in out.iterdir()] == ["good.png"]
 
 
+def test_a_name_with_a_line_break_stays_one_line(tmp_path):
+    src = tmp_path / "in"
+    walls(src, "good.png")
+    (src / "line\nbreak.png").write_bytes(b"")
+    res = enhance(src, "-o", tmp_path / "out")
+    one_error(res, 1, "line\\nbreak.png", "empty file")
+
+
 def _deflated_claim(path: Path, record: str, claimed: int) -> None:
     """Rewrite the zip checkpoint at `path` with `record` deflated, its sizes saying `claimed` bytes."""
     with zipfile.ZipFile(path) as z:
