@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -477,8 +476,8 @@ TOOL = ("import sys, typer\nfrom gpen_tune.cli import app\nparent = typer.Typer(
         "parent(['gpen-tune', 'apply-patches'] + sys.argv[1:], prog_name='gpen-tune')\n")
 
 
-def run_tool(*args: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def run_tool(*args: str, unbuffered: bool = False) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **({"PYTHONUNBUFFERED": "1"} if unbuffered else {})}
     return subprocess.Popen([sys.executable, "-c", TOOL, *args], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
@@ -506,19 +505,26 @@ def test_two_concurrent_applies_with_different_only_never_corrupt_the_tree(world
 def test_a_second_apply_waits_for_the_lock_and_says_so(world):
     checkout, _ = world
     assert cli(str(checkout), "--only", "face-crop").exit_code == 0
-    held = threading.Event()
+    held, release = threading.Event(), threading.Event()
 
     def hold():
         with checkout_lock(checkout.resolve(), exclusive=True):
             held.set()
-            time.sleep(3.0)
+            release.wait(120)  # held until the second apply says it waits, however slow its start-up
 
     holder = threading.Thread(target=hold)
     holder.start()
     held.wait(10)
-    proc = run_tool(str(checkout), "--only", "amp")
-    out = proc.communicate(timeout=300)[0]
+    proc = run_tool(str(checkout), "--only", "amp", unbuffered=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "waiting for another gpen-tune apply-patches" in line:
+            release.set()
+    proc.wait(timeout=300)
+    release.set()
     holder.join()
+    out = "".join(lines)
     assert proc.returncode == 0, out
     assert "waiting for another gpen-tune apply-patches" in out
     assert status(checkout).installed == ("amp", "face-crop")
