@@ -1,0 +1,21 @@
+"""The optional `[onnx]` extra (onnx, onnxruntime), imported in one place: a missing package is one line naming
+the extra to install, never an ImportError traceback."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+INSTALL = "pip install 'gpen-tune[onnx]' (or sh scripts/setup.sh --dev)"
+
+
+class OnnxExtraMissing(RuntimeError):
+    """onnx or onnxruntime is not installed (the message is the one line the CLI prints)."""
+
+
+def require(package: str, what: str) -> Any:
+    """The imported `package` ("onnx", "onnxruntime", "onnxscript"), or OnnxExtraMissing saying what needs it."""
+    try:
+        return importlib.import_module(package)
+    except ImportError:
+        raise OnnxExtraMissing(f"{what} needs {package}, part of the onnx extra: {INSTALL}") from None
