@@ -1,4 +1,5 @@
-"""The benchmark's rows: the fp32 default, the six steps cumulatively, each step alone (and optional extras)."""
+"""The benchmark's rows: the fp32 default, the six steps cumulatively, each step alone, the onnxruntime backend
+(and optional extras)."""
 
 from __future__ import annotations
 
@@ -39,12 +40,16 @@ def all_rows(compile_mode: str = "default", amp: str = "bf16") -> list[Row]:
     other_amp = "fp16" if amp == "bf16" else "bf16"
     rows.append(Row(f"amp_{other_amp}", f"--amp {other_amp}", ("amp",), replace(ALL_OFF, amp=other_amp)))
     rows.append(Row("fused", "--fused", ("fused",), replace(ALL_OFF, fused=True)))
+    ort = replace(ALL_OFF, backend="onnxruntime")
+    rows.append(Row("onnxruntime", "--backend onnxruntime", (), ort))
+    rows.append(Row("onnxruntime_fp16", "--backend onnxruntime --amp fp16", ("amp",), replace(ort, amp="fp16")))
     for preset, cfg in PRESETS.items():
         rows.append(Row(f"preset:{preset}", f"--preset {preset}", tuple(cfg.enabled()), cfg))
     return rows
 
 
-DEFAULT_ROWS: tuple[str, ...] = ("default", "1", "1+2", "1+2+3", "1-4", "1-6", *STEPS, "amp_fp16", "fused")
+DEFAULT_ROWS: tuple[str, ...] = ("default", "1", "1+2", "1+2+3", "1-4", "1-6", *STEPS, "amp_fp16", "fused",
+                                 "onnxruntime")
 
 
 def select_rows(names: list[str] | None, compile_mode: str = "default", amp: str = "bf16") -> list[Row]:

@@ -109,6 +109,10 @@ def environment(device: torch.device) -> dict:
 def skip_reason(row: Row, device: torch.device, explicit: bool, cpu: CpuCapabilities | None = None) -> str | None:
     """Why a row is not measured: a switch that does not run on the device, a pipeline-level switch, or (unless
     the row was asked for with --rows) one that cannot be faster here; `cpu`: the CPU's capabilities (None: read)."""
+    if row.cfg.backend == "onnxruntime":              # the exported graph: the PyTorch switches' checks do not apply
+        from gpen_tune.restore.onnx_backend import unsupported_reason
+
+        return unsupported_reason(device)
     if row.steps == ("face_crop",):
         return ("pipeline-level switch: the generator is unchanged; measured on a >= 12 MP image by "
                 "benchmarks/face_crop_bench.py")
@@ -307,7 +311,8 @@ def _measure_row(row: Row, base: torch.nn.Module, faces: torch.Tensor, device: t
         "best_faces_per_s": per_batch[best]["faces_per_s"],
         "_outputs": outs,
     }
-    if device.type == "cpu" and not row.cfg.compile:  # no allocator statistics on the CPU: trace live tensors
+    # no allocator statistics on the CPU: trace live tensors (of the PyTorch generator only)
+    if device.type == "cpu" and not row.cfg.compile and row.cfg.backend == "torch":
         traced = restore.forward if isinstance(restore.forward, torch.nn.Module) else restore.model
         entry["traced_activation_peak_mib_bs1"] = generator_activation_peak(traced, on_device[:1]) / MiB
     if device.type == "cuda":

@@ -37,6 +37,11 @@ class CompileMode(str, Enum):
     max_autotune = "max-autotune"
 
 
+class BackendChoice(str, Enum):
+    torch = "torch"
+    onnxruntime = "onnxruntime"
+
+
 class AmpMode(str, Enum):
     off = "off"
     bf16 = "bf16"
@@ -63,6 +68,9 @@ CudaGraphOpt = Annotated[bool | None, typer.Option(
     "--cuda-graph/--no-cuda-graph", help=switch_short("cuda_graph"), rich_help_panel=PANEL, show_default=False)]
 FusedOpt = Annotated[bool | None, typer.Option(
     "--fused/--no-fused", help=switch_short("fused"), rich_help_panel=PANEL, show_default=False)]
+BackendOpt = Annotated[BackendChoice | None, typer.Option(
+    "--backend", metavar="torch|onnxruntime", help=switch_short("backend"), rich_help_panel=PANEL,
+    case_sensitive=False, show_default=False)]
 
 
 def tune_config_from_options(
@@ -74,6 +82,7 @@ def tune_config_from_options(
     face_crop: bool | None = None,
     cuda_graph: bool | None = None,
     fused: bool | None = None,
+    backend: BackendChoice | str | None = None,
     device: str = "cuda",
     base: TuneConfig | None = None,
 ) -> tuple[TuneConfig, str]:
@@ -90,5 +99,6 @@ def tune_config_from_options(
     else:
         name, start, origin = resolve_preset(value(preset), device)
     cfg = with_overrides(start, lazy_detector=lazy_detector, compile=value(compile), amp=value(amp),
-                         act_checkpoint=checkpoint, face_crop=face_crop, cuda_graph=cuda_graph, fused=fused)
+                         act_checkpoint=checkpoint, face_crop=face_crop, cuda_graph=cuda_graph, fused=fused,
+                         backend=value(backend))
     return cfg, f"{origin}; switches: {cfg.describe()}"

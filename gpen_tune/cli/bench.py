@@ -13,6 +13,7 @@ from gpen_tune.cli._console import err, fail, out
 from gpen_tune.cli._options import (
     AmpMode,
     AmpOpt,
+    BackendOpt,
     CheckpointOpt,
     CompileMode,
     CompileOpt,
@@ -122,12 +123,14 @@ def bench(
     face_crop: FaceCropOpt = None,
     cuda_graph: CudaGraphOpt = None,
     fused: FusedOpt = None,
+    backend: BackendOpt = None,
 ) -> None:
     """Benchmark the generator with each optimization: ms/face, faces/s, peak memory, stability, PSNR vs fp32.
 
-    Row ids: default, a step's name (amp, act_checkpoint, ...), amp_fp16, fused, the cumulative rows 1, 1+2,
-    1+2+3, 1-4, 1-6 and preset:NAME; rows that cannot be faster on the device are skipped unless --rows names
-    them. With --preset or any optimization flag, the table is the fp32 default plus that configuration ("custom").
+    Row ids: default, a step's name (amp, act_checkpoint, ...), amp_fp16, fused, onnxruntime, onnxruntime_fp16,
+    the cumulative rows 1, 1+2, 1+2+3, 1-4, 1-6 and preset:NAME; rows that cannot be faster on the device are
+    skipped unless --rows names them. With --preset or any optimization flag, the table is the fp32 default plus
+    that configuration ("custom").
     """
     # Long for its Typer signature (one annotated parameter per flag); the body itself is short.
     import torch  # heavy: torch (fast --help)
@@ -145,7 +148,7 @@ def bench(
     if dev == "cpu" and not device:
         err.print("[bold yellow]notice:[/] no CUDA device: benchmarking on the CPU (GPU-only rows are skipped)")
     custom, custom_label = None, "custom"
-    switches = (lazy_detector, compile, amp, checkpoint, face_crop, cuda_graph, fused)
+    switches = (lazy_detector, compile, amp, checkpoint, face_crop, cuda_graph, fused, backend)
     if preset is not None or any(v is not None for v in switches):
         custom, line = tune_config_from_options(preset, *switches, device=dev, base=TuneConfig())
         err.print(f"[bold]optimizations:[/] {line}", highlight=False)

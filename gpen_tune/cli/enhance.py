@@ -18,6 +18,7 @@ from gpen_tune.cli import app
 from gpen_tune.cli._console import err, fail, failure, notice, out, user_errors
 from gpen_tune.cli._options import (
     AmpOpt,
+    BackendOpt,
     CheckpointOpt,
     CompileOpt,
     CudaGraphOpt,
@@ -169,6 +170,7 @@ def enhance(
     face_crop: FaceCropOpt = None,
     cuda_graph: CudaGraphOpt = None,
     fused: FusedOpt = None,
+    backend: BackendOpt = None,
 ) -> None:
     """Restore every face in photos and videos: detect, align, restore in batches, paste back seamlessly."""
     # Long for its Typer signature (one annotated parameter per flag); the body only validates and hands over.
@@ -213,7 +215,7 @@ def enhance(
         else:
             dev = resolve_device(device.value, notice)
         tune, origin = tune_config_from_options(preset, lazy_detector, compile, amp, checkpoint, face_crop,
-                                                cuda_graph, fused, device=dev.type)
+                                                cuda_graph, fused, backend, device=dev.type)
         settings = EnhanceSettings(
             model=model, weights=weights, template=template.value, detector=detector.value,
             detector_weights=detector_weights, det_size=detection_size(det_size, tune.face_crop),

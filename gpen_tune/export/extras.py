@@ -4,9 +4,11 @@ the extra to install, never an ImportError traceback."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 INSTALL = "pip install 'gpen-tune[onnx]' (or sh scripts/setup.sh --dev)"
+PACKAGES = ("onnx", "onnxscript", "onnxruntime")
 
 
 class OnnxExtraMissing(RuntimeError):
@@ -19,3 +21,16 @@ def require(package: str, what: str) -> Any:
         return importlib.import_module(package)
     except ImportError:
         raise OnnxExtraMissing(f"{what} needs {package}, part of the onnx extra: {INSTALL}") from None
+
+
+def missing_packages(names: tuple[str, ...] = PACKAGES) -> list[str]:
+    """The packages of the extra that are not installed (found without importing them: the CLI answers at once)."""
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):      # a finder that refuses the name, or a module without a spec
+            found = False
+        if not found:
+            missing.append(name)
+    return missing

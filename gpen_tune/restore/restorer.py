@@ -326,6 +326,10 @@ def build_restorer(model: nn.Module, cfg: TuneConfig | None = None, *, device: s
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     model = model.to(device).eval().requires_grad_(False)
+    if cfg.backend == "onnxruntime":                  # the same Restorer around ONNX Runtime instead of the module
+        from gpen_tune.restore.onnx_backend import build_onnx_restorer
+
+        return build_onnx_restorer(model, cfg, device=device, max_batch=max_batch)
     if device.type == "cuda":
         bound_cudnn_workspace(device)
     done = apply_switches(model, cfg, device, BUCKETS, compile_backend=compile_backend)

@@ -16,6 +16,8 @@ CompileMode = Literal["default", "reduce-overhead", "max-autotune"]
 AmpMode = Literal["off", "bf16", "fp16"]
 COMPILE_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune")
 AMP_MODES: tuple[str, ...] = ("off", "bf16", "fp16")
+Backend = Literal["torch", "onnxruntime"]
+BACKENDS: tuple[str, ...] = ("torch", "onnxruntime")
 
 
 def _switch(default, *, flag: str, short: str, help: str, tolerance: str, requires: str = "any device"):
@@ -76,12 +78,22 @@ class TuneConfig:
         help=("Use the fused generator of gpen_tune.model.fused (precomputed weight transforms, channels-last, "
               "one Triton pass per conv for FIR + demodulation + bias + activation + next style)."),
         tolerance="max-abs <= 1e-3 vs fp32 in fp32", requires="any device (Triton kernels on CUDA)")
+    backend: Backend = _switch(
+        "torch", flag="--backend",
+        short="What runs the generator: torch (PyTorch) or onnxruntime (ONNX Runtime, CPU).",
+        help="What runs the generator: torch (PyTorch, every switch above) or onnxruntime (the generator exported "
+             "to ONNX in memory and run by ONNX Runtime's CPU provider; --amp fp16 exports an fp16 graph, the "
+             "switches that change the PyTorch module are skipped). Needs the onnx extra.",
+        tolerance="fp32: max-abs <= 1e-4 vs the PyTorch fp32 generator; fp16: >= 40 dB",
+        requires="onnxruntime: the CPU and the onnx extra")
 
     def __post_init__(self) -> None:
         if self.compile is not None and self.compile not in COMPILE_MODES:
             raise ValueError(f"compile must be one of {COMPILE_MODES} or None, got {self.compile!r}")
         if self.amp not in AMP_MODES:
             raise ValueError(f"amp must be one of {AMP_MODES}, got {self.amp!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
 
     def enabled(self) -> list[str]:
         """Names of the switches that are on, in APPLY_ORDER."""
@@ -93,6 +105,8 @@ class TuneConfig:
         for name in self.enabled():
             value = getattr(self, name)
             parts.append(name if value is True else f"{name}={value}")
+        if self.backend != "torch":
+            parts.append(f"backend={self.backend}")
         return " ".join(parts) or "all off (fp32 eager)"
 
 
@@ -232,4 +246,6 @@ def cli_flags(cfg: TuneConfig, generator_only: bool = False) -> str:
             parts.append(flag if value is True else f"{flag} {value}")
     if not cfg.face_crop and not generator_only:
         parts.append("--no-face-crop")
+    if cfg.backend != "torch":
+        parts.append(f"--backend {cfg.backend}")
     return " ".join(parts) or "fp32, all off"

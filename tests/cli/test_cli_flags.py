@@ -21,7 +21,7 @@ from gpen_tune.tune import TuneConfig
 from gpen_tune.tune.options import switch_short
 
 FLAG_NOT_NAMED_AFTER_FIELD = {"act_checkpoint": "checkpoint"}   # the one flag users know by a shorter name
-NON_DEFAULT = {"compile": "default", "amp": "bf16"}             # the switches that are not booleans
+NON_DEFAULT = {"compile": "default", "amp": "bf16", "backend": "onnxruntime"}  # the switches that are not booleans
 
 
 def _flag(field: str) -> str:
