@@ -33,6 +33,7 @@ IO_CONVENTION = "input/output: RGB, NCHW, float32 in [-1, 1] (facefusion/ReActor
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16}
 FP32_MAX_ABS = 1e-4          # ONNX Runtime fp32 vs PyTorch fp32, on the [-1, 1] scale
 HALF_MIN_PSNR_DB = 40.0      # an fp16 file vs PyTorch fp32
+FOLD_LIMIT = 2**31           # elements: constant-fold weight expressions of any size
 
 
 class ExportCheckFailed(RuntimeError):
@@ -88,7 +89,12 @@ def onnx_graph(model: torch.nn.Module, dtype: str = "fp32", batch: int | None = 
             net, (example,), input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], opset_version=OPSET,
             dynamo=True, dynamic_shapes={"x": {0: torch.export.Dim("batch")}}, external_data=False,
             optimize=True, verbose=False)
-    proto = program.model_proto
+    # fold every weight-only expression (equalised-LR scales, the shared modulated-conv weights, transposes) into
+    # initializers: the exporter's pass stops at 256 K elements, and TensorRT's parser wants constant conv weights
+    import onnxscript.optimizer
+
+    proto = onnxscript.optimizer.optimize(program.model_proto, input_size_limit=FOLD_LIMIT,
+                                          output_size_limit=FOLD_LIMIT)
     if batch is not None:
         for value in (*proto.graph.input, *proto.graph.output):
             value.type.tensor_type.shape.dim[0].dim_value = batch
@@ -104,7 +110,7 @@ def ort_session(model: str | bytes | Path, threads: int | None = None, optimizat
     levels = ort.GraphOptimizationLevel
     opts.graph_optimization_level = {"basic": levels.ORT_ENABLE_BASIC, "extended": levels.ORT_ENABLE_EXTENDED,
                                      "all": levels.ORT_ENABLE_ALL}[optimization]
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4                  # errors come back as exceptions (an OOM is split, not logged)
     return ort.InferenceSession(str(model) if isinstance(model, Path) else model, opts,
                                 providers=["CPUExecutionProvider"])
 
