@@ -58,10 +58,12 @@ def unsupported_reason(device: torch.device) -> str | None:
 def build_onnx_restorer(model: torch.nn.Module, cfg: TuneConfig, *, device: torch.device,
                         max_batch: int | None = None, threads: int | None = None) -> Restorer:
     """A Restorer whose forward is ONNX Runtime running `model` (a fp32 FullGenerator) exported in memory."""
+    from gpen_tune.export.extras import OnnxExtraMissing
     from gpen_tune.export.onnx import onnx_graph, ort_session
 
-    if device.type != "cpu":
-        raise ValueError(unsupported_reason(device))
+    reason = unsupported_reason(device)
+    if reason:
+        raise (ValueError if device.type != "cpu" else OnnxExtraMissing)(reason)
     skipped = {name: "not applicable to the exported ONNX graph (onnxruntime backend)"
                for name in GRAPH_SWITCHES if getattr(cfg, name) not in (False, None)}
     dtype = "fp16" if cfg.amp == "fp16" else "fp32"
