@@ -6,11 +6,16 @@ Variants (all at batch 1, the CPU's batch: a bigger batch gains nothing there):
   bf16          --amp bf16 on the FullGenerator
   fused-bf16    --fused --amp bf16 (the fused generator's PyTorch passes, channels-last)
   preset-cpu    what `--preset auto` builds on this CPU (`build_restorer` with `choose_cpu_preset`'s config)
+  ort-fp32      --backend onnxruntime: the exported graph on ONNX Runtime's CPU provider, all graph optimizations
+  ort-fp32-basic  the same with ONNX Runtime's basic graph optimizations only (constant folding, no fusions)
+  ort-fp32-1t   the same as ort-fp32 with one intra-op thread (the other core left to the rest of the pipeline)
+  ort-fp16      --backend onnxruntime --amp fp16 (ONNX Runtime's CPU provider casts around fp16 operators it lacks)
 Calls are interleaved (A B C ... A B C ...) so a load change on a shared machine hits every variant alike; the
 JSON has medians of wall time and of process CPU time / threads (less sensitive to other processes), the
 relative IQR of each, the load average before and after, PSNR vs fp32 and the command.
 
     python benchmarks/cpu_generator.py --model GPEN-BFR-256 --repeats 9 --out benchmarks/results
+    python benchmarks/cpu_generator.py --variants upstream,fused-bf16,preset-cpu,ort-fp32,ort-fp32-basic,ort-fp32-1t
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+import onnxruntime
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,10 +39,12 @@ sys.path.insert(0, str(ROOT))
 from timing import Stopwatch, summary  # noqa: E402
 
 from gpen_tune.bench.measure import psnr  # noqa: E402
+from gpen_tune.export.onnx import onnx_graph, ort_session  # noqa: E402
 from gpen_tune.load import load_model  # noqa: E402
 from gpen_tune.model.fused import fuse  # noqa: E402
 from gpen_tune.model.reference import ReferenceGenerator  # noqa: E402
 from gpen_tune.restore import build_restorer  # noqa: E402
+from gpen_tune.restore.onnx_backend import OnnxRuntimeForward  # noqa: E402
 from gpen_tune.tune.amp import cast_model  # noqa: E402
 from gpen_tune.tune.hardware import cpu_capabilities  # noqa: E402
 from gpen_tune.tune.options import choose_cpu_preset  # noqa: E402
@@ -53,6 +61,16 @@ def build_variants(weights: str, model: str, names: list[str]) -> tuple[dict, to
         variants["bf16"] = cast_model(copy.deepcopy(base), torch.bfloat16)
     if "fused-bf16" in names:
         variants["fused-bf16"] = fuse(base, torch.bfloat16, impl="torch")
+    ort_variants = {"ort-fp32": ("fp32", "all", None), "ort-fp32-basic": ("fp32", "basic", None),
+                    "ort-fp32-1t": ("fp32", "all", 1), "ort-fp16": ("fp16", "all", None)}
+    graphs: dict[str, bytes] = {}
+    for name, (dtype, level, threads) in ort_variants.items():
+        if name in names:
+            if dtype not in graphs:
+                graphs[dtype] = onnx_graph(base, dtype).SerializeToString()
+            variants[name] = OnnxRuntimeForward(ort_session(graphs[dtype], threads=threads, optimization=level))
+            notes[name] = {"config": f"onnxruntime {onnxruntime.__version__}, {dtype}, graph optimizations {level}, "
+                                     f"intra-op threads {threads or torch.get_num_threads()}"}
     if "preset-cpu" in names:
         _, cfg, why = choose_cpu_preset(cpu_capabilities())
         restorer = build_restorer(copy.deepcopy(base), cfg, device="cpu", max_batch=1)
@@ -83,7 +101,7 @@ def main() -> None:
     ap.add_argument("--weights", default="synthetic")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--variants", default="upstream,fp32,bf16,fused-bf16,preset-cpu")
+    ap.add_argument("--variants", default="upstream,fp32,bf16,fused-bf16,preset-cpu,ort-fp32")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -112,6 +130,7 @@ def main() -> None:
         "model": args.model, "weights": args.weights, "batch": 1, "threads": args.threads,
         "repeats": args.repeats, "interleaved": True, "cpu": platform.processor() or platform.machine(),
         "capabilities": cpu_capabilities().__dict__, "torch": torch.__version__,
+        "onnxruntime": onnxruntime.__version__,
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "noise": "rel_iqr_wall per row; ms_per_face_cpu = process CPU time / threads (other processes inflate "
                  "wall time, much less CPU time)",
