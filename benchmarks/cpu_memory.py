@@ -41,9 +41,9 @@ def weights_file(model: str, folder: Path) -> Path:
     return path
 
 
-def one_run(image: Path, model: str, weights: Path, out: Path) -> dict:
+def one_run(image: Path, model: str, weights: Path, out: Path, backend: str = "torch") -> dict:
     cli = [sys.executable, "-m", "gpen_tune", "enhance", str(image), "-o", str(out), "--model", model,
-           "--weights", str(weights), "--device", "cpu", "--preset", "auto", "--overwrite"]
+           "--weights", str(weights), "--device", "cpu", "--preset", "auto", "--backend", backend, "--overwrite"]
     proc = subprocess.run(["/usr/bin/time", "-v", *cli], capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
         raise SystemExit(f"benchmarks/cpu_memory.py: the run failed:\n{proc.stderr[-2000:]}")
@@ -63,24 +63,27 @@ def main() -> None:
     ap.add_argument("--model", default="GPEN-BFR-256", choices=sorted(TARGET_GB))
     ap.add_argument("--weights", type=Path, default=None, help="a real checkpoint (default: synthetic values)")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--backend", default="torch", choices=("torch", "onnxruntime"),
+                    help="the restore backend (--preset auto picks the rest)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         weights = args.weights or weights_file(args.model, Path(tmp))
         load_before = os.getloadavg()
-        runs = [one_run(args.image, args.model, weights, Path(tmp) / "out") for _ in range(args.runs)]
+        runs = [one_run(args.image, args.model, weights, Path(tmp) / "out", args.backend) for _ in range(args.runs)]
         load_after = os.getloadavg()
     peaks = [r["max_rss_gb"] for r in runs]
     result = {
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-        "model": args.model, "image": args.image.name,
+        "model": args.model, "image": args.image.name, "backend": args.backend,
         "weights": str(args.weights) if args.weights else "official key layout, synthetic values",
         "runs": runs, "median_max_rss_gb": statistics.median(peaks), "largest_max_rss_gb": max(peaks),
         "target_gb": TARGET_GB[args.model], "load_average_before_after": [load_before, load_after],
         "cores": os.cpu_count(),
     }
     print(json.dumps(result, indent=1))
-    print(write_result(args.out, f"cpu_memory_{args.model}", result))
+    suffix = "" if args.backend == "torch" else f"_{args.backend}"
+    print(write_result(args.out, f"cpu_memory_{args.model}{suffix}", result))
 
 
 if __name__ == "__main__":

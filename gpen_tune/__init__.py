@@ -9,6 +9,8 @@ The public API is small and imports torch only when used:
     with gpen_tune.DevicePool(devices=["cuda:0", "cuda:1"]) as pool:                   # every GPU of a host
         gpen_tune.enhance(["albums/"], "restored/", pipeline=pool)
     gpen_tune.ray_enhance(["albums/"], "s3://bucket/restored")                          # a Ray cluster
+    gpen_tune.enhance(["albums/"], "out/", tune=gpen_tune.TuneConfig(backend="onnxruntime"))  # ONNX Runtime (CPU)
+    gpen_tune.export_onnx("GPEN-BFR-512", "GPEN-BFR-512.pth", "gpen_bfr_512.onnx")        # for ONNX/TensorRT tools
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ _LAZY = {
     "preset": ("gpen_tune.tune.options", "preset"),
     "DevicePool": ("gpen_tune.distributed.devices", "DevicePool"),
     "ray_enhance": ("gpen_tune.distributed.ray_data", "ray_enhance"),
+    "export_onnx": ("gpen_tune.export.onnx", "export_onnx"),
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -3,7 +3,8 @@
 # Safe to re-run (what is installed already is kept). Prints each step, pip's progress, and at the end how long
 # it took and how large .venv is.
 # Usage: sh scripts/setup.sh [--dev]      (--dev adds pytest (+ xdist), ruff and the optional extras the tests cover: Ray
-#                                          for --ray, spandrel for --bg-upsampler; the versions the golden
+#                                          for --ray, spandrel for --bg-upsampler, onnx + onnxruntime for export
+#                                          and --backend onnxruntime; the versions the golden
 #                                          outputs were made with: tests/constraints.txt)
 set -eu
 cd "$(dirname "$0")/.."
@@ -22,8 +23,8 @@ extras=""
 with_dev=""
 pins=""
 if [ "${1:-}" = "--dev" ]; then
-    extras="[dev,ray,upscale]"
-    with_dev=", with pytest (+ xdist), ruff, Ray and spandrel (OpenCV pinned to the goldens' version: tests/constraints.txt)"
+    extras="[dev,ray,upscale,onnx]"
+    with_dev=", with pytest (+ xdist), ruff, Ray, spandrel, onnx and onnxruntime (OpenCV pinned to the goldens' version: tests/constraints.txt)"
     pins="-c tests/constraints.txt"
 fi
 
