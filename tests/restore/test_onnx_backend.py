@@ -116,3 +116,13 @@ def test_missing_onnxruntime_is_one_line_naming_the_extra(tmp_path):
         assert proc.returncode == 1, (name, proc.stderr[-2000:])
         assert "gpen-tune[onnx]" in lines[-1] and "onnxruntime" in lines[-1], (name, lines)
         assert "Traceback" not in proc.stderr
+
+
+def test_bench_has_an_onnxruntime_row_measured_on_the_cpu_only():
+    from gpen_tune.bench.rows import select_rows
+    from gpen_tune.bench.runner import skip_reason
+
+    fp32, fp16 = select_rows(["onnxruntime", "onnxruntime_fp16"])
+    assert fp32.cfg.backend == fp16.cfg.backend == "onnxruntime" and fp16.cfg.amp == "fp16"
+    assert skip_reason(fp32, torch.device("cpu"), explicit=False) is None
+    assert "runs on the CPU" in skip_reason(fp16, torch.device("cuda"), explicit=True)
