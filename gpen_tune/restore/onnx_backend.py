@@ -1,16 +1,21 @@
 """The onnxruntime restore backend: the generator exported to ONNX and run by ONNX Runtime's CPU provider,
 behind the same `Restorer` (batching, OOM split, non-finite guard) as the PyTorch generator.
 
-`build_onnx_restorer` exports the loaded model in memory (PyTorch's exporter, `gpen_tune.export.onnx`), opens an
-ONNX Runtime session on it and hands the Restorer an `OnnxRuntimeForward` instead of the torch module. Switches
+`build_onnx_restorer` exports the loaded model (PyTorch's exporter, `gpen_tune.export.onnx`) into the cache
+folder, named by a hash of its weights' values, the dtype and the versions (a later run with the same weights
+opens the file without exporting: no tens of seconds of tracing, none of the exporter's memory), opens an ONNX
+Runtime session on it and hands the Restorer an `OnnxRuntimeForward` instead of the torch module. Switches
 that change the PyTorch module (fused, compile, CUDA graphs, feature release) do not apply to the exported
 graph and are reported as skipped; `--amp fp16` exports an fp16 graph; bf16 has no ONNX Runtime CPU kernels.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -70,13 +75,50 @@ def build_onnx_restorer(model: torch.nn.Module, cfg: TuneConfig, *, device: torc
     if cfg.amp == "bf16":
         skipped["amp"] = "ONNX Runtime's CPU provider has no bf16 convolutions: the graph runs in fp32"
     t0 = time.perf_counter()
-    session = ort_session(onnx_graph(model, dtype).SerializeToString(), threads=threads)
+    path = cached_graph_path(model, dtype)
+    if path.exists():
+        how = f"{dtype} graph from the cache ({path})"
+        session = ort_session(path, threads=threads)
+    else:
+        graph = onnx_graph(model, dtype).SerializeToString()
+        how = f"{dtype} graph exported"
+        try:
+            _write_atomically(path, graph)
+            how += f" and cached ({path})"
+        except OSError as exc:                       # a read-only cache: this run only
+            how += f" (not cached: {exc.strerror or exc})"
+        session = ort_session(graph, threads=threads)
+        del graph
     seconds = time.perf_counter() - t0
     restorer = Restorer(OnnxRuntimeForward(session), device="cpu", dtype=torch.float32, size=model.size,
                         max_batch=max_batch, model=model, cfg=cfg)
     restorer.skipped = skipped
     restorer.effective = replace(cfg, **{name: None if name == "compile" else False for name in GRAPH_SWITCHES},
                                  amp="fp16" if dtype == "fp16" else "off")
-    restorer.notes = [f"onnxruntime backend: {dtype} graph exported and loaded in {seconds:.1f} s"]
+    restorer.notes = [f"onnxruntime backend: {how}, loaded in {seconds:.1f} s"]
     restorer.fallbacks = [f"{name} skipped: {why}" for name, why in skipped.items()]
     return restorer
+
+
+def cached_graph_path(model: torch.nn.Module, dtype: str) -> Path:
+    """Where the exported graph of these exact weights lives in the cache: named by a sha256 over every tensor's
+    values (not the file name: weights changed in memory get their own graph), the config, dtype and versions."""
+    from gpen_tune import __version__
+    from gpen_tune.export.onnx import OPSET
+    from gpen_tune.weights.cache import cache_dir
+
+    digest = hashlib.sha256(f"{model.cfg}|{dtype}|{OPSET}|{torch.__version__}|{__version__}".encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy())
+    return cache_dir() / "onnx" / f"gpen-{model.cfg.size}-{dtype}-{digest.hexdigest()[:32]}.onnx"
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    try:
+        tmp.write_bytes(data)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)

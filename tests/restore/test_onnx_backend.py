@@ -25,7 +25,13 @@ def crops(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (n, SMALLEST.size, SMALLEST.size, 3), dtype=np.uint8)
 
 
-def test_onnxruntime_restorer_gives_the_torch_restorers_crops():
+@pytest.fixture(autouse=True)
+def _cache(home):
+    """Every test here exports into its own empty cache folder."""
+    return home
+
+
+def test_onnxruntime_restorer_gives_the_torch_restorers_crops(home):
     torch_r = build_restorer(load_model("synthetic", model=SMALLEST), TuneConfig(), device="cpu", max_batch=4)
     ort_r = build_restorer(load_model("synthetic", model=SMALLEST), TuneConfig(backend="onnxruntime", fused=True),
                            device="cpu", max_batch=4)
@@ -36,9 +42,15 @@ def test_onnxruntime_restorer_gives_the_torch_restorers_crops():
     assert ort_r.times.batch_sizes == {4: 1, 2: 1}                    # the Restorer's batching, unchanged
     assert "fused" in ort_r.skipped and not ort_r.effective.fused
     assert ort_r.effective.describe().endswith("backend=onnxruntime")
+    assert len(list((home / "onnx").glob("*.onnx"))) == 1 and "exported and cached" in ort_r.notes[0]
+    again = build_restorer(load_model("synthetic", model=SMALLEST), TuneConfig(backend="onnxruntime"),
+                           device="cpu", max_batch=4)                 # the same weights: the cached graph
+    assert "from the cache" in again.notes[0]
+    assert np.array_equal(again.restore_crops(batch), got)
 
 
-def test_non_finite_output_keeps_the_input_crop():
+def test_non_finite_output_keeps_the_input_crop(home):
+    build_restorer(load_model("synthetic", model=SMALLEST), TuneConfig(backend="onnxruntime"), device="cpu")
     net = load_model("synthetic", model=SMALLEST)
     with torch.no_grad():
         for p in net.parameters():
@@ -47,6 +59,8 @@ def test_non_finite_output_keeps_the_input_crop():
     batch = crops(3, seed=1)
     assert np.array_equal(restorer.restore_crops(batch), batch)
     assert restorer.nonfinite_faces == 3 and any("non-finite" in msg for msg in restorer.fallbacks)
+    assert "exported" in restorer.notes[0]             # the same file's weights changed in memory: their own graph
+    assert len(list((home / "onnx").glob("*.onnx"))) == 2
 
 
 def test_onnxruntime_backend_refuses_a_cuda_device_in_one_line():
