@@ -145,9 +145,10 @@ PRESETS: dict[str, TuneConfig] = {
                              cuda_graph=False, fused=False),
     # the CPU: bf16 where the CPU has native bf16 dot products (`choose_cpu_preset` turns it off elsewhere), the
     # fused generator (its PyTorch passes: channels-last oneDNN convs, one pass per conv epilogue), no GPU-only
-    # switch; benchmarks/results/*_cpu_generator_*.json have the measurements
+    # switch; benchmarks/results/*_cpu_generator_*.json have the measurements. PyTorch, not ONNX Runtime: its fp32
+    # graph took 2x the fused bf16 generator's CPU time on an AMX Xeon (20261204-171902_cpu_generator_GPEN-BFR-256)
     "cpu": TuneConfig(lazy_detector=False, compile=None, amp="bf16", act_checkpoint=False, face_crop=True,
-                      cuda_graph=False, fused=True),
+                      cuda_graph=False, fused=True, backend="torch"),
     # Apple MPS: fp16 (Apple GPUs compute fp16 natively; bf16 needs macOS 14+, checked by amp.is_supported when
     # asked for), the fused generator's PyTorch passes
     "mps": TuneConfig(lazy_detector=False, compile=None, amp="fp16", act_checkpoint=False, face_crop=True,
