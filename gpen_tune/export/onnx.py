@@ -128,9 +128,9 @@ def compare(session: Any, model: torch.nn.Module, faces: torch.Tensor, batch: in
     """(max-abs, PSNR dB) of the session's output against the PyTorch fp32 generator on `faces`."""
     from gpen_tune.bench.measure import max_abs, psnr
 
+    step = batch or 1        # dynamic: one face per call, so a GPEN-BFR-2048 check holds one face's activations
     with torch.no_grad():
-        ref = model(faces).float()
-    step = batch or len(faces)
+        ref = torch.cat([model(faces[i: i + step]).float() for i in range(0, len(faces), step)])
     outs = []
     for i in range(0, len(faces), step):
         chunk = faces[i: i + step]
