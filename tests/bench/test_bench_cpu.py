@@ -3,6 +3,7 @@ and a real short run with the default rows on a tiny generator."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -66,10 +67,10 @@ def crops_dir(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_default_rows_on_the_cpu_run_and_write_json_table_and_plot(crops_dir, tmp_path):
+def test_default_rows_on_the_cpu_run_and_write_json_table_and_plot(crops_dir, tmp_path, home):
     """The default row set at batch 1 on the CPU (tiny generator): GPU-only and compile rows skipped with their
-    reasons, the bf16 / fp16 rows skipped exactly when this CPU has no native bf16 / fp16, the rest measured;
-    outputs written."""
+    reasons, the bf16 / fp16 rows skipped exactly when this CPU has no native bf16 / fp16, the rest measured (the
+    onnxruntime backend's row among them, with the same parity columns); outputs written."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -80,6 +81,9 @@ def test_default_rows_on_the_cpu_run_and_write_json_table_and_plot(crops_dir, tm
         torch.set_num_threads(before)
     rows = {r["name"]: r for r in result["rows"]}
     assert rows["default"]["status"] == "ok" and rows["fused"]["status"] == "ok"
+    if importlib.util.find_spec("onnxruntime") is not None:
+        ort = rows["onnxruntime"]
+        assert ort["status"] == "ok" and ort["max_abs"] <= 1e-4 and ort["label"] == "--backend onnxruntime"
     assert rows["cuda_graph"]["status"] == "skipped" and rows["compile"]["status"] == "skipped"
     for name, half in (("amp", "bf16"), ("amp_fp16", "fp16")):
         slower = amp.pays_off("cpu", TuneConfig(amp=half))
