@@ -154,6 +154,10 @@ def enhance(
                                       "better (default: visually lossless for the codec).")] = None,
     smooth: Annotated[bool, _opt("--smooth/--no-smooth", panel=VIDEO_PANEL, show_default=False,
                                  help="Track faces and smooth their landmarks across frames (default: on).")] = True,
+    encoder_preset: Annotated[str | None, _opt("--encoder-preset", panel=VIDEO_PANEL, metavar="NAME",
+                                               show_default=False, help="x264/x265 speed: ultrafast .. veryslow; "
+                                               "faster is bigger at the same crf (default medium; veryfast with "
+                                               "--preset speed).")] = None,
     devices: Annotated[str | None, _opt("--devices", panel=SCALE_PANEL, show_default=False, metavar="LIST",
                                         help="Run on several GPUs of this host: all, or numbers such as 0,1,3.")]
     = None,
@@ -198,6 +202,7 @@ def enhance(
         detection_size,
         resolve_device,
     )
+    from gpen_tune.video_presets import encoder_preset_for
 
     build, run = Pipeline, run_enhance
     try:                                                 # every argument checked before anything is printed
@@ -214,6 +219,7 @@ def enhance(
             dev = torch.device("cuda")
         else:
             dev = resolve_device(device.value, notice)
+        encoder_speed = encoder_preset_for(encoder_preset, getattr(preset, "value", preset))
         tune, origin = tune_config_from_options(preset, lazy_detector, compile, amp, checkpoint, face_crop,
                                                 cuda_graph, fused, backend, device=dev.type)
         settings = EnhanceSettings(
@@ -243,7 +249,7 @@ def enhance(
                        name_pattern=name_pattern, existing=existing, report=report, save_faces=save_faces,
                        save_comparison=save_comparison, save_mask=save_mask, serial=serial or None,
                        config=SchedulerConfig(workers=workers), build=build, run=run,
-                       video=VideoOptions(codec=codec, crf=crf, smooth=smooth))
+                       video=VideoOptions(codec=codec, crf=crf, smooth=smooth, encoder_preset=encoder_speed))
     raise typer.Exit(code)
 
 

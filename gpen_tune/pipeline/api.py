@@ -298,6 +298,7 @@ class VideoOptions:
     codec: str | None = None
     crf: float | None = None
     smooth: bool = True
+    encoder_preset: str | None = None       # libx264/libx265 speed preset (None: medium)
 
 
 def _expected_frames(path: Path) -> int:
@@ -324,8 +325,8 @@ def _run_video(pipe: Pipeline, index: int, file: tuple[Path, str], naming: Outpu
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
         result = enhance_video(path, dst, pipe, codec=options.codec, crf=options.crf, smooth=options.smooth,
-                               config=config, on_result=on_result, on_faces=on_faces, notify=notify,
-                               replace=naming.replace)
+                               encoder_preset=options.encoder_preset, config=config, on_result=on_result,
+                               on_faces=on_faces, notify=notify, replace=naming.replace)
     except (VideoReadError, VideoWriteError, OSError, ValueError) as e:
         job.fail(" ".join(str(e).split()) if str(path) in str(e) else f"{path}: {' '.join(str(e).split())}")
         return job, False

@@ -71,8 +71,18 @@ def tune_summary(tune: Any, restorer: Any) -> dict[str, Any] | None:
         data.update(effective=asdict(restorer.effective), effective_describe=restorer.effective.describe(),
                     fallbacks=list(restorer.fallbacks), skipped=dict(restorer.skipped), notes=list(restorer.notes),
                     fp32_reruns=restorer.fp32_reruns, batch_limit=restorer.limit,
-                    warmup_s={f"bs{k[0]}": round(v, 3) for k, v in restorer.warmup_seconds.items()})
+                    warmup_s={f"bs{k[0]}": round(v, 3) for k, v in restorer.warmup_seconds.items()},
+                    generator=generator_summary(restorer.times))
     return data
+
+
+def generator_summary(times: Any) -> dict[str, Any]:
+    """The generator's own time (CUDA events on CUDA) and the span from its first batch to its last: their ratio
+    is how busy the run kept it."""
+    span = times.span_s()
+    return {"busy_s": round(times.generator_s, 4), "span_s": None if span is None else round(span, 4),
+            "batches": times.batches, "faces": times.faces,
+            "busy_share": round(times.generator_s / span, 3) if span else None}
 
 
 def write_report(path: Path, data: dict[str, Any]) -> None:

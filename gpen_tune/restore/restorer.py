@@ -144,6 +144,8 @@ class Restorer:
         if n > self.limit:
             raise ValueError(f"batch of {n} exceeds the current limit {self.limit}")
         self.times.batches += 1
+        if self.times.first_submit_at is None:
+            self.times.first_submit_at = t0
         self.times.faces += n
         self.times.batch_sizes[n] = self.times.batch_sizes.get(n, 0) + 1
         batch = self._submit_cuda(crops, download) if self.device.type == "cuda" else self._submit_inline(crops)
@@ -163,6 +165,7 @@ class Restorer:
         self.times.upload_s += t1 - t0
         self.times.generator_s += time.perf_counter() - t1
         host = out.cpu().numpy()
+        self.times.last_done_at = time.perf_counter()
         return PendingBatch(len(crops), ready=[host[i] for i in range(len(crops))], device_out=out)
 
     def _submit_cuda(self, crops: Sequence[Crop], download: bool) -> PendingBatch:

@@ -27,6 +27,13 @@ class StageTimes:
     padded: int = 0
     oom_splits: int = 0
     batch_sizes: dict[int, int] = field(default_factory=dict)
+    first_submit_at: float | None = None     # perf_counter of the first batch's submit and the last one's collection:
+    last_done_at: float | None = None        # the span the generator's busy share is taken over
+
+    def span_s(self) -> float | None:
+        if self.first_submit_at is None or self.last_done_at is None:
+            return None
+        return max(0.0, self.last_done_at - self.first_submit_at)
 
 
 class PinnedStaging:
@@ -105,7 +112,8 @@ class PendingBatch:
         if self._done is not None:
             self._done.synchronize()
         if self._times is not None:
-            self._times.download_wait_s += time.perf_counter() - t0
+            self._times.last_done_at = time.perf_counter()
+            self._times.download_wait_s += self._times.last_done_at - t0
             if self._events is not None:
                 start, end = self._events
                 self._times.generator_s += start.elapsed_time(end) / 1000.0

@@ -1,8 +1,10 @@
 """--cuda-graph: replay the generator from CUDA Graphs captured per (batch bucket, size, dtype).
 
-What changes: the first batch of each bucket (the restorer's table: 1, 2, 4, 8, 16, 32, 64) is padded up to the
-bucket, the module runs a few warm-up calls on a side stream (cuDNN / Inductor choose their kernels outside the
-capture), then one call is captured with static input/output buffers. Every later call copies its batch into
+What changes: the first batch of each bucket (the restorer's table: 1, 2, 4, 8, 16, 32, 64) runs eager, so a
+one-shot run (one photo) never waits on a capture it will not replay; the second is padded up to the bucket, the
+module runs a few warm-up calls on a side stream (cuDNN / Inductor choose their kernels outside the capture), then
+one call is captured with static input/output buffers (in thread-local capture mode: the pipeline's other threads
+go on issuing CUDA work on their own streams meanwhile). Every later call copies its batch into
 the static input, zeroes the padding rows, replays the graph and returns a clone of the rows it asked for (the
 static output is overwritten by the next replay). Batches above the largest bucket are run in bucket-sized chunks.
 All buckets share one private memory pool: only one graph runs at a time and each output is cloned out right
@@ -36,7 +38,7 @@ from gpen_tune.tune.applied import Applied
 from gpen_tune.tune.oom import is_out_of_memory
 from gpen_tune.tune.options import TuneConfig
 
-WARMUP_CALLS = 3
+WARMUP_CALLS = 2
 
 
 def is_supported(device: str | torch.device, cfg: TuneConfig) -> str | None:
@@ -75,6 +77,7 @@ class GraphedForward:
         self.buckets = tuple(sorted(buckets))
         self.on_fallback = on_fallback
         self.graphs: dict[tuple, _Captured] = {}
+        self.seen: set[tuple] = set()
         self.pool = None
         self.disabled: str | None = None
 
@@ -89,6 +92,9 @@ class GraphedForward:
         key = (bucket, tuple(x.shape[1:]), x.dtype, x.device)
         entry = self.graphs.get(key)
         if entry is None:
+            if key not in self.seen:            # first use of this bucket: eager (a one-shot run never captures)
+                self.seen.add(key)
+                return self.module(x)
             try:
                 entry = self._capture(key)
             except Exception as e:
@@ -127,13 +133,15 @@ class GraphedForward:
         side = torch.cuda.Stream(device=device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            for _ in range(WARMUP_CALLS):
+            for _ in range(WARMUP_CALLS):   # with the FIR kernels a replay takes (the eager first use did not)
                 self.module(static_in)
         torch.cuda.current_stream(device).wait_stream(side)
         torch.cuda.synchronize(device)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: the pipeline's other threads (detector, paste, decode) keep issuing CUDA work on their own
+        # streams while this thread captures; the default "global" mode fails their calls and the capture with them
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             static_out = self.module(static_in)
         torch.cuda.synchronize(device)
         return static_out

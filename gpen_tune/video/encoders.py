@@ -14,6 +14,8 @@ from functools import cache
 import av
 import av.error
 
+from gpen_tune.video_presets import DEFAULT_ENCODER_PRESET
+
 OUTPUT_FORMATS = {"mp4": "mp4", "mkv": "matroska", "mov": "mov", "webm": "webm"}   # --ext -> FFmpeg muxer
 VIDEO_EXTS = tuple(OUTPUT_FORMATS)
 
@@ -68,8 +70,9 @@ def encoder_available(name: str) -> bool:
     return True
 
 
-def quality_options(codec: str, crf: float | None) -> dict[str, str]:
-    """Encoder options for constant quality `crf` (None: the codec's visually lossless default)."""
+def quality_options(codec: str, crf: float | None, preset: str | None = None) -> dict[str, str]:
+    """Encoder options for constant quality `crf` (None: the codec's visually lossless default); `preset`: the
+    libx264/libx265 speed preset (None: medium; other encoders ignore it)."""
     if codec in NVENC_CQ:
         cq = NVENC_CQ[codec] if crf is None else crf
         return {"preset": "p5", "tune": "hq", "rc": "vbr", "cq": f"{cq:g}", "b": "0"}
@@ -79,9 +82,9 @@ def quality_options(codec: str, crf: float | None) -> dict[str, str]:
     _, option, default, _ = FAMILIES[fam]
     opts = {option: f"{default if crf is None else crf:g}"}
     if codec == "libx264":
-        opts["preset"] = "medium"
+        opts["preset"] = preset or DEFAULT_ENCODER_PRESET
     elif codec == "libx265":
-        opts["preset"] = "medium"
+        opts["preset"] = preset or DEFAULT_ENCODER_PRESET
         opts["x265-params"] = "log-level=error"
     elif codec == "libvpx-vp9":
         opts |= {"b": "0", "row-mt": "1", "deadline": "good", "cpu-used": "2"}
@@ -91,18 +94,19 @@ def quality_options(codec: str, crf: float | None) -> dict[str, str]:
 
 
 def pick_encoder(input_codec: str, ext: str, device_type: str = "cpu", requested: str | None = None,
-                 crf: float | None = None) -> tuple[str, dict[str, str], str | None]:
+                 crf: float | None = None, preset: str | None = None) -> tuple[str, dict[str, str], str | None]:
     """(encoder name, its options, a one-line note or None) for a source coded with `input_codec` written as `ext`.
 
     `requested`: an encoder name (`libx264`, `h264_nvenc`, ...) or a family (`h264`, `hevc`, `vp9`, `av1`);
     raises `EncoderError` when it is not in this build, does not open here, or the container cannot hold it.
     `device_type` "cuda": NVENC for the H.264/HEVC families when it opens, else the CPU encoder with a note.
+    `preset`: the libx264/libx265 speed preset (`encoder_preset_for`).
     """
     ext = ext.lower().lstrip(".")
     if ext not in OUTPUT_FORMATS:
         raise EncoderError(f"output extension '.{ext}' is not a video container; use one of {', '.join(VIDEO_EXTS)}")
     if requested:
-        return _requested(requested, ext, crf)
+        return _requested(requested, ext, crf, preset)
     note = None
     fam = family_of(input_codec)
     if fam not in EXT_FAMILIES[ext]:
@@ -118,10 +122,11 @@ def pick_encoder(input_codec: str, ext: str, device_type: str = "cpu", requested
             note = f"{nvenc} does not open here (NVIDIA driver or GPU missing): encoding with {cpu}"
     if not encoder_available(codec):
         raise EncoderError(f"encoder {codec} is missing from this FFmpeg build; choose another with --codec")
-    return codec, quality_options(codec, crf), note
+    return codec, quality_options(codec, crf, preset), note
 
 
-def _requested(requested: str, ext: str, crf: float | None) -> tuple[str, dict[str, str], str | None]:
+def _requested(requested: str, ext: str, crf: float | None, preset: str | None
+               ) -> tuple[str, dict[str, str], str | None]:
     codec = FAMILIES[requested][0] if requested in FAMILIES else requested
     fam = family_of(codec)
     if fam in FAMILIES and fam not in EXT_FAMILIES[ext]:
@@ -131,4 +136,4 @@ def _requested(requested: str, ext: str, crf: float | None) -> tuple[str, dict[s
         hint = " (needs an NVIDIA GPU and driver)" if codec.endswith("_nvenc") else ""
         cpu = FAMILIES.get(fam, ("libx264",))[0]
         raise EncoderError(f"encoder {codec} is not available here{hint}; use --codec {cpu}")
-    return codec, quality_options(codec, crf), None
+    return codec, quality_options(codec, crf, preset), None

@@ -94,16 +94,17 @@ def enhance_video(src: str | Path, dst: str | Path, pipeline: Any, *, codec: str
                   crf: float | None = None, smooth: bool = True, serial: bool = False,
                   config: SchedulerConfig = SchedulerConfig(), on_result: Callable[[ImageJob], None] | None = None,
                   on_faces: Callable[[int], None] | None = None,
-                  notify: Callable[[str], None] = default_notify, replace: bool = True) -> VideoResult:
+                  notify: Callable[[str], None] = default_notify, replace: bool = True,
+                  encoder_preset: str | None = None) -> VideoResult:
     """Restore every face of the video `src` into `dst` (written under a temporary name, renamed when complete;
-    `replace=False`: never onto a file that exists by then).
+    `replace=False`: never onto a file that exists by then; `encoder_preset`: x264/x265's speed preset).
 
     `pipeline`: a `gpen_tune.pipeline.api.Pipeline`. Ctrl-C (KeyboardInterrupt) or a failure leaves no file at
     `dst` (the temporary file is removed); a `VideoReadError` / `VideoWriteError` names the file in one line."""
     reader = VideoReader(src, upright=True)
     info = reader.info
     writer = VideoWriter(dst, info, codec=codec, crf=crf, device_type=pipeline.device.type, upright=True,
-                         notify=notify, replace=replace)
+                         notify=notify, replace=replace, encoder_preset=encoder_preset)
     sink = EncoderSink(writer.write)
     source = FrameSource(reader, str(src), Path(dst).stem, reader.expected_frames)
     try:

@@ -182,14 +182,16 @@ class VideoWriter:
     """Frames (HWC RGB uint8, or uint16 for 10-bit output) with their source pts -> `dst`, written atomically.
 
     `info`: the source's `VideoInfo` (size, time base, rate, rotation, colour, side streams). `codec`/`crf`: see
-    `pick_encoder`; `device_type` "cuda" lets it pick NVENC. `copy_streams`: bring the source's audio and
-    subtitles along. `upright`: frames come rotated upright (`VideoReader(upright=True)`) and are turned back.
+    `pick_encoder`; `device_type` "cuda" lets it pick NVENC; `encoder_preset`: x264/x265's speed preset.
+    `copy_streams`: bring the source's audio and subtitles along. `upright`: frames come rotated upright
+    (`VideoReader(upright=True)`) and are turned back.
     `notes` collects the one-line notices (also sent to `notify`).
     """
 
     def __init__(self, dst: str | Path, info: VideoInfo, *, codec: str | None = None, crf: float | None = None,
                  device_type: str = "cpu", copy_streams: bool = True, upright: bool = False,
-                 notify: Callable[[str], None] = default_notify, replace: bool = True):
+                 notify: Callable[[str], None] = default_notify, replace: bool = True,
+                 encoder_preset: str | None = None):
         self.dst = Path(dst)
         self.replace = replace            # False: a file that appears at dst meanwhile is not replaced
         self.info = info
@@ -199,7 +201,7 @@ class VideoWriter:
         self.frames = 0
         ext = self.dst.suffix.lower().lstrip(".")
         try:
-            self.codec, options, note = pick_encoder(info.codec, ext, device_type, codec, crf)
+            self.codec, options, note = pick_encoder(info.codec, ext, device_type, codec, crf, encoder_preset)
         except EncoderError as e:
             raise VideoWriteError(f"{self.dst}: {e}") from None
         self.pix_fmt, depth_note = pick_pix_fmt(self.codec, info.pix_fmt, info.bit_depth)

@@ -1,0 +1,59 @@
+"""CUDA graphs as a one-shot run and a pipeline use them: no capture for a bucket used once, and a capture that
+holds while other threads keep the GPU busy on their own streams (the video pipeline's detector and paste)."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+import torch
+
+from gpen_tune.load import load_model
+from gpen_tune.restore.restorer import build_restorer
+from gpen_tune.tune import TuneConfig, cuda_graph
+
+pytestmark = pytest.mark.gpu
+
+
+def _restorer():
+    model = load_model("synthetic", model="GPEN-BFR-256", device="cuda")
+    return model, build_restorer(copy.deepcopy(model), TuneConfig(cuda_graph=True), device="cuda")
+
+
+def test_a_bucket_used_once_is_not_captured(no_tf32):
+    model, restore = _restorer()
+    x = torch.rand(5, 3, 256, 256, device="cuda") * 2 - 1
+    with torch.no_grad():
+        ref = model(x)
+    out = restore(x)
+    assert isinstance(restore.forward, cuda_graph.GraphedForward)
+    assert restore.forward.graphs == {} and restore.forward.disabled is None
+    assert (out - ref).abs().max() < 1e-3
+
+
+def test_capture_holds_while_another_thread_runs_cuda_work(no_tf32):
+    model, restore = _restorer()
+    x = torch.rand(2, 3, 256, 256, device="cuda") * 2 - 1
+    with torch.no_grad():
+        ref = model(x)
+    stop = threading.Event()
+
+    def busy() -> None:                      # as the detector thread does: its own stream, kernels and copies
+        stream = torch.cuda.Stream()
+        a = torch.rand(1024, 1024, device="cuda")
+        with torch.cuda.stream(stream):
+            while not stop.is_set():
+                (a @ a).sum().item()
+
+    t = threading.Thread(target=busy)
+    t.start()
+    try:
+        restore(x)
+        outs = [restore(x) for _ in range(3)]
+    finally:
+        stop.set()
+        t.join()
+    assert restore.forward.disabled is None, restore.forward.disabled
+    assert len(restore.forward.graphs) == 1
+    assert all((o - ref).abs().max() < 1e-3 for o in outs)
