@@ -55,9 +55,9 @@ SOLVAY = next((p for p in (ROOT / "data" / "solvay_conference_1927.png",
                           ROOT.parent / "shared" / "data" / "solvay_conference_1927.png") if p.is_file()),
               ROOT.parent / "shared" / "data" / "solvay_conference_1927.png")
 FALLBACK_MARK = "CUDA graph capture failed"
-KEYS = ("one_photo_cold_s", "one_photo_warm_cache_s", "startup_s", "folder_faces_per_s", "folder_generator_busy",
-        "video_one_face_fps", "video_group_fps", "big_photo_s", "encoder_alone_fps", "decoder_alone_fps",
-        "detector_ms_per_image", "generator_alone_faces_per_s")
+KEYS = ("one_photo_cold_s", "one_photo_warm_cache_s", "startup_s", "imports_s", "folder_faces_per_s",
+        "folder_generator_busy", "video_one_face_fps", "video_group_fps", "big_photo_s", "encoder_alone_fps",
+        "decoder_alone_fps", "detector_ms_per_image", "generator_alone_faces_per_s")
 
 
 # ---------------------------------------------------------------------------------------------------- sizes
@@ -115,15 +115,20 @@ def make_inputs(work: Path, sz: dict, solvay: Path) -> dict:
 
 
 def cli(args: list[str], env: dict, timeout: float, report: Path | None = None) -> dict:
-    """One `gpen-tune enhance` process: its wall time, exit code, tail of stderr and the --report it wrote."""
+    """One `gpen-tune enhance` process: its wall time, exit code, tail of stderr and the --report it wrote. It runs
+    in the checkout on env's PYTHONPATH (`python -m` puts its working folder first on sys.path)."""
+    cwd = env["PYTHONPATH"].split(os.pathsep)[0]
     cmd = [sys.executable, "-m", "gpen_tune", "enhance", *args]
     if report is not None:
         cmd += ["--report", str(report)]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+        rc, text = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, text = 124, f"{e.stdout or ''}{e.stderr or ''}\ntimed out after {timeout} s"
     wall = time.perf_counter() - t0
-    text = proc.stdout + proc.stderr
-    out = {"command": "gpen-tune enhance " + shlex.join(args), "wall_s": round(wall, 3), "rc": proc.returncode,
+    out = {"command": "gpen-tune enhance " + shlex.join(args), "wall_s": round(wall, 3), "rc": rc,
            "graph_fallback": FALLBACK_MARK in text, "output_tail": text[-1500:]}
     if report is not None and report.is_file():
         data = json.loads(report.read_text())
@@ -132,8 +137,8 @@ def cli(args: list[str], env: dict, timeout: float, report: Path | None = None) 
                                                                    "warmup_s", "generator")}
         out["images"] = [{"input": Path(j["input"]).name, "n_faces": j["n_faces"], "timings_s": j["timings_s"],
                           "video": j.get("video")} for j in data["images"][:64]]
-    if proc.returncode != 0:
-        print(f"FAILED ({proc.returncode}): {out['command']}\n{text[-3000:]}", file=sys.stderr)
+    if rc != 0:
+        print(f"FAILED ({rc}): {out['command']}\n{text[-3000:]}", file=sys.stderr)
     return out
 
 
@@ -147,8 +152,14 @@ def user_runs(inputs: dict, sz: dict, device: str, extra: list[str], code: Path)
     env = dict(os.environ, TRITON_CACHE_DIR=str(caches / "triton"), TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
                CUDA_CACHE_PATH=str(caches / "nv"), PYTHONPATH=str(code) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t = sz["timeout"]
+    t0 = time.perf_counter()                        # the imports alone: the floor under every command
+    subprocess.run([sys.executable, "-c", "import torch, gpen_tune.pipeline.api, gpen_tune.cli.enhance"], env=env,
+                   cwd=code, check=False, timeout=t)
+    imports_s = round(time.perf_counter() - t0, 3)
     one = [str(inputs["one"]), "-o", str(work / "out_one"), *common(sz, sz["preset_one"], device), *extra]
-    runs = {"one_photo_cold": cli(one, env, t, work / "r_one_cold.json"),
+    runs = {"imports": {"command": "python -c 'import torch, gpen_tune.pipeline.api, gpen_tune.cli.enhance'",
+                        "wall_s": imports_s, "rc": 0},
+            "one_photo_cold": cli(one, env, t, work / "r_one_cold.json"),
             "one_photo_warm_cache": cli(one, env, t, work / "r_one_warm.json")}
     runs["startup"] = cli([str(inputs["noface"]), "-o", str(work / "out_noface"),
                            *common(sz, sz["preset_one"], device), *extra], env, t)
@@ -282,6 +293,33 @@ def generator_limit(sz: dict, device) -> dict:
             "effective": restorer.effective.describe(), "note": "uint8 crops in and out (upload, download included)"}
 
 
+def door_limits(result: dict, inputs: dict, sz: dict, device) -> None:
+    """Each door's own limit into `result`; a door whose measurement fails records its error, the rest still run."""
+    def attempt(name: str, fn) -> None:
+        try:
+            fn()
+        except Exception as e:                            # noqa: BLE001 (recorded in the JSON, the run goes on)
+            result.setdefault("limit_errors", {})[name] = f"{type(e).__name__}: {e}"[:500]
+            print(f"limit {name} failed: {e}", file=sys.stderr)
+
+    def encoder() -> None:
+        enc = result["encoder"] = encoder_limits(inputs["clip_one"], inputs["work"])
+        result["encoder_alone_fps"] = enc["x264_crf18"]["medium"]["fps"]
+        result["decoder_alone_fps"] = enc["decoder_alone_fps"]
+
+    def detector() -> None:
+        result["jpeg_decode_alone_per_s"] = decode_jpeg_limit(inputs["folder"])
+        det = result["detector"] = detector_limit(inputs["folder"], device, sz["det_batches"])
+        result["detector_ms_per_image"] = det[f"batch{sz['det_batches'][-1]}_ms_per_image"]
+
+    def generator() -> None:
+        gen = result["generator"] = generator_limit(sz, device)
+        result["generator_alone_faces_per_s"] = gen["faces_per_s"]
+
+    for name, fn in (("encoder", encoder), ("detector", detector), ("generator", generator)):
+        attempt(name, fn)
+
+
 # ---------------------------------------------------------------------------------------------------- main
 
 
@@ -330,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         "code": str(args.code.resolve()), "extra": args.extra, "sizes": sz, "model": sz["model"],
         "one_photo_cold_s": runs["one_photo_cold"]["wall_s"],
         "one_photo_warm_cache_s": runs["one_photo_warm_cache"]["wall_s"],
-        "startup_s": startup,
+        "startup_s": startup, "imports_s": runs["imports"]["wall_s"],
         "folder_faces_per_s": round(faces / folder["wall_s"], 1) if faces else None,
         "folder_generator_busy": busy_share(folder),
         "video_one_face_fps": one_fps, "video_group_fps": grp_fps,
@@ -342,16 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
     }
     if args.limits:
-        enc = encoder_limits(inputs["clip_one"], work)
-        result["encoder"] = enc
-        result["encoder_alone_fps"] = enc["x264_crf18"]["medium"]["fps"]
-        result["decoder_alone_fps"] = enc["decoder_alone_fps"]
-        result["jpeg_decode_alone_per_s"] = decode_jpeg_limit(inputs["folder"])
-        result["detector"] = detector_limit(inputs["folder"], device, sz["det_batches"])
-        result["detector_ms_per_image"] = result["detector"][f"batch{sz['det_batches'][-1]}_ms_per_image"]
-        gen = generator_limit(sz, device)
-        result["generator"] = gen
-        result["generator_alone_faces_per_s"] = gen["faces_per_s"]
+        door_limits(result, inputs, sz, device)
     result["total_s"] = round(time.perf_counter() - t_all, 1)
     shutil.rmtree(work, ignore_errors=True)
     args.out.mkdir(parents=True, exist_ok=True)

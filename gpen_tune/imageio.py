@@ -25,7 +25,8 @@ What happens to each kind of input (documented behaviour, tested in tests/imagei
   * zero-byte, truncated, non-image and unsupported files raise `ImageReadError` naming the file and the reason.
 
 Writing goes to a temporary file in the output folder followed by `os.replace`, so a crash never leaves a half
-file; JPEG and WebP are written at quality 95.
+file; JPEG and WebP are written at quality 95, 8-bit PNG in parallel bands at zlib level 3 unless asked otherwise
+(`gpen_tune.png_encode`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+from gpen_tune.png_encode import PNG_LEVEL, encode_png
 
 MAX_PIXELS = 100_000_000
 JPEG_QUALITY = 95
@@ -456,14 +459,18 @@ def commit(tmp: str | Path, path: Path, replace: bool = True) -> None:
     os.unlink(tmp)
 
 
-def write_image(pic: Picture, path: str | Path, fmt: str | None = None, *, replace: bool = True) -> Path:
-    """Encode `pic` to `path` atomically (temp file in the same folder, then `commit`)."""
+def write_image(pic: Picture, path: str | Path, fmt: str | None = None, png_level: int = PNG_LEVEL, *,
+                replace: bool = True) -> Path:
+    """Encode `pic` to `path` atomically (temp file in the same folder, then `commit`); 8-bit PNG in parallel bands
+    at zlib level `png_level` (`gpen_tune.png_encode`)."""
     path = Path(path)
     fmt = fmt or EXT_TO_FORMAT.get(path.suffix.lower().lstrip("."), "PNG")
     tmp = _temp_beside(path)
     try:
         if pic.bits == 16 and fmt in ("PNG", "TIFF"):
             _write_16_bit(pic, Path(tmp), fmt)
+        elif fmt == "PNG":
+            _write_png(pic, Path(tmp), png_level)
         else:
             _write_8_bit(pic, Path(tmp), fmt)
         os.chmod(tmp, 0o666 & ~_UMASK)
@@ -538,6 +545,11 @@ def _write_8_bit(pic: Picture, tmp: Path, fmt: str) -> None:
     _to_pil(pic, fmt).save(tmp, format=fmt, **_save_options(pic, fmt))
 
 
+def _write_png(pic: Picture, tmp: Path, level: int) -> None:
+    pixels = np.asarray(_to_pil(pic, "PNG"))
+    tmp.write_bytes(encode_png(pixels, level, _metadata_chunks(pic.icc_profile, pic.exif)))
+
+
 def _write_16_bit(pic: Picture, tmp: Path, fmt: str) -> None:
     if pic.grayscale:
         arr = _luma(pic.rgb)
@@ -560,11 +572,15 @@ def _png_chunk(kind: bytes, payload: bytes) -> bytes:
     return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
 
 
-def _png_with_metadata(png: bytes, icc: bytes | None, exif: bytes | None) -> bytes:
-    """Insert iCCP / eXIf chunks right after IHDR (signature 8 bytes + IHDR chunk 25 bytes)."""
+def _metadata_chunks(icc: bytes | None, exif: bytes | None) -> bytes:
     extra = b""
     if icc:
         extra += _png_chunk(b"iCCP", b"ICC Profile\0\0" + zlib.compress(icc))
     if exif:
         extra += _png_chunk(b"eXIf", exif[6:] if exif.startswith(b"Exif\0\0") else exif)
-    return png[:33] + extra + png[33:]
+    return extra
+
+
+def _png_with_metadata(png: bytes, icc: bytes | None, exif: bytes | None) -> bytes:
+    """Insert iCCP / eXIf chunks right after IHDR (signature 8 bytes + IHDR chunk 25 bytes)."""
+    return png[:33] + _metadata_chunks(icc, exif) + png[33:]

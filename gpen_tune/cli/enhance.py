@@ -88,6 +88,8 @@ def enhance(
     = False,
     skip_existing: Annotated[bool, _opt("--skip-existing", panel=IO_PANEL,
                                         help="Keep outputs that already exist (resume a batch).")] = False,
+    png_level: Annotated[int, _opt("--png-level", panel=IO_PANEL, metavar="0..9", show_default=False,
+                                   help="PNG compression: 0 fastest and biggest, 9 smallest (default 3).")] = 3,
     report: Annotated[Path | None, _opt("--report", panel=IO_PANEL,
                                         help="Write a JSON report: status, faces and timings per image.")] = None,
     save_faces: Annotated[bool, _opt("--save-faces", panel=IO_PANEL,
@@ -229,7 +231,7 @@ def enhance(
             only_center_face=only_center_face or only_center_face_alias,
             parse_mask=parse_mask, parse_weights=parse_weights, batch_size=batch_size, device=str(dev),
             detector_process=detector_process, bg_upsampler=bg_upsampler,
-            upscale=upscale, bg_weights=bg_weights, tile=tile)
+            upscale=upscale, bg_weights=bg_weights, tile=tile, png_level=png_level)
         if detector_process and tune.lazy_detector:
             raise ValueError("--detector-process runs the detector in its own process, which --lazy-detector "
                              "cannot release: choose one")

@@ -13,6 +13,7 @@ import torch
 
 from gpen_tune.face.detect import DEFAULT_DET_SIZE, DETECTOR_NAMES, default_notify
 from gpen_tune.model.configs import model_info
+from gpen_tune.png_encode import PNG_LEVEL
 from gpen_tune.tune.hardware import mps_available
 from gpen_tune.weights.cache import cached_file
 
@@ -47,8 +48,11 @@ class EnhanceSettings:
     upscale: int = 2                     # 2 or 4 (with bg_upsampler)
     bg_weights: str | None = None        # a local upscaler .pth (offline use); None = the registry file
     tile: int = 0                        # upscaler tile size in input px (0 = whole frame)
+    png_level: int = PNG_LEVEL           # zlib level of 8-bit PNG output: 0 (fastest) .. 9 (smallest)
 
     def __post_init__(self) -> None:
+        if not 0 <= self.png_level <= 9:
+            raise ValueError(f"--png-level {self.png_level}: use 0 (fastest, biggest) .. 9 (smallest, slowest)")
         if not 0.0 <= self.strength <= 1.0:
             raise ValueError(f"strength must be in [0, 1], got {self.strength}")
         if self.batch_size is not None and self.batch_size < 1:

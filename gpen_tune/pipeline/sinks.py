@@ -19,6 +19,7 @@ from gpen_tune.face.check_images import comparison_image, weights_image
 from gpen_tune.imageio import Picture, copy_file, picture_from_array, to_array, write_image
 from gpen_tune.pipeline.job import ImageJob
 from gpen_tune.pipeline.outputs import OutputNaming
+from gpen_tune.png_encode import PNG_LEVEL
 
 
 class Sink(Protocol):
@@ -33,8 +34,9 @@ class FileSink:
     ordered = False
 
     def __init__(self, naming: OutputNaming, save_faces: bool = False, save_comparison: bool = False,
-                 save_mask: bool = False):
+                 save_mask: bool = False, png_level: int = PNG_LEVEL):
         self.naming = naming
+        self.png_level = png_level
         self.save_faces = save_faces
         self.save_comparison = save_comparison
         self.save_mask = save_mask
@@ -50,7 +52,7 @@ class FileSink:
         if job.result is pic and pic.path is not None and fmt == pic.format:
             job.output = copy_file(pic.path, path, replace=replace)
         else:
-            job.output = write_image(job.result, path, fmt, replace=replace)
+            job.output = write_image(job.result, path, fmt, self.png_level, replace=replace)
         if self.save_faces:
             self._faces(job, fmt)
         if self.save_comparison:

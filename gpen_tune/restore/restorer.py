@@ -322,7 +322,9 @@ def build_restorer(model: nn.Module, cfg: TuneConfig | None = None, *, device: s
         max_batch: the starting limit (None: the largest bucket; the pipeline passes its batch size).
         timed: CUDA-event timing per batch (StageTimes.generator_s).
         compile_backend: torch.compile backend; anything but "inductor" is for tests.
-    A compiled forward pads crop batches to one shape (`one_shape`).
+    A compiled or graph-replayed forward pads crop batches to one shape (`one_shape`): each new batch shape costs
+    its own warm-up (a compile; a first eager call and a capture, 1.2-2.1 s each on an H200, warm caches), which
+    six bucket sizes paid six times in a folder or a video, for bucket padding saved the GPU far less.
     """
     cfg = cfg or TuneConfig()
     device = torch.device(device if device is not None else next(model.parameters()).device)
@@ -338,7 +340,8 @@ def build_restorer(model: nn.Module, cfg: TuneConfig | None = None, *, device: s
     done = apply_switches(model, cfg, device, BUCKETS, compile_backend=compile_backend)
     restorer = Restorer(done.forward, device=device, dtype=getattr(done.model, "compute_dtype", torch.float32),
                         size=getattr(done.model, "size", None), max_batch=max_batch, model=done.model, cfg=cfg,
-                        reserve=done.reserve, one_shape=bool(done.effective.compile), timed=timed)
+                        reserve=done.reserve, one_shape=bool(done.effective.compile or done.effective.cuda_graph),
+                        timed=timed)
     restorer.fallbacks = done.log                 # the switches keep reporting later fallbacks into it
     restorer.notes, restorer.skipped, restorer.effective = done.notes, done.skipped, done.effective
     return restorer

@@ -27,6 +27,7 @@ without graphs (recorded). On the CPU: skipped with the message from `is_support
 from __future__ import annotations
 
 import bisect
+import ctypes
 import gc
 import time
 from collections.abc import Callable
@@ -57,6 +58,40 @@ COMPILE_MODES_WITH_GRAPHS = ("reduce-overhead", "max-autotune")
 
 def compile_already_graphs(cfg: TuneConfig) -> bool:
     return cfg.compile in COMPILE_MODES_WITH_GRAPHS
+
+
+_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """A stream of this module's own to capture on, outside PyTorch's stream pool.
+
+    Why: `torch.cuda.Stream()` hands out one of a small pool of streams round-robin, so a pipeline thread's own
+    stream (detector, upload, paste) can be the very stream a capture runs on; that thread's next copy then fails
+    ("Cannot copy between CPU and CUDA tensors during CUDA graph capture"), and its image with it. A stream made
+    by cudaStreamCreateWithFlags (non-blocking) is shared with no one. Falls back to a pooled stream when the CUDA
+    runtime library cannot be opened by name."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    stream = _CAPTURE_STREAMS.get(index)
+    if stream is None:
+        stream = _CAPTURE_STREAMS[index] = _private_stream(index) or torch.cuda.Stream(device=index)
+    return stream
+
+
+def _private_stream(index: int) -> torch.cuda.Stream | None:
+    major = (torch.version.cuda or "12").split(".")[0]
+    for name in (f"libcudart.so.{major}", "libcudart.so"):
+        try:
+            cudart = ctypes.CDLL(name)
+        except OSError:
+            continue
+        handle = ctypes.c_void_p()
+        with torch.cuda.device(index):
+            torch.cuda.init()
+            if cudart.cudaStreamCreateWithFlags(ctypes.byref(handle), 1) != 0:     # 1: cudaStreamNonBlocking
+                return None
+        return torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", index))
+    return None
 
 
 class _Captured:
@@ -141,7 +176,8 @@ class GraphedForward:
             self.pool = torch.cuda.graph_pool_handle()
         # thread_local: the pipeline's other threads (detector, paste, decode) keep issuing CUDA work on their own
         # streams while this thread captures; the default "global" mode fails their calls and the capture with them
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=self.pool, stream=capture_stream(device),
+                              capture_error_mode="thread_local"):
             static_out = self.module(static_in)
         torch.cuda.synchronize(device)
         return static_out

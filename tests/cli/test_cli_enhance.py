@@ -73,6 +73,23 @@ def test_cli_folder_mixing_good_no_face_and_broken(mixed_folder, tmp_path):
     assert "truncated" in by_name["broken.jpg"]["error"] and "empty" in by_name["empty.png"]["error"]
     assert data["summary"]["failed"] == 3 and data["summary"]["faces"] == 2 and data["summary"]["no_face"] == 1
     assert data["weights"] == "synthetic" and data["detector"] == "mtcnn"
+    gen = data["tune"]["generator"]                  # how busy the run kept the generator, first batch to last
+    assert gen["faces"] == 2 and 0 < gen["busy_s"] <= gen["span_s"] and 0 < gen["busy_share"] <= 1
+
+
+def test_cli_png_level_trades_size_for_speed_with_the_same_pixels(tmp_path):
+    src = tmp_path / "in" / "hopper.png"
+    src.parent.mkdir()
+    Image.fromarray(samples.grace_hopper()).save(src)
+    common = ["--weights", "synthetic", "--model", MODEL, "--detector", "mtcnn", "--device", "cpu"]
+    for level in ("0", "9"):
+        res = invoke([str(src), "-o", str(tmp_path / f"l{level}"), "--png-level", level, *common])
+        assert res.exit_code == 0, res.output
+    fast, small = tmp_path / "l0" / "hopper.png", tmp_path / "l9" / "hopper.png"
+    assert fast.stat().st_size > 2 * small.stat().st_size
+    assert np.array_equal(np.asarray(Image.open(fast)), np.asarray(Image.open(small)))
+    bad = invoke([str(src), "-o", str(tmp_path / "bad"), "--png-level", "10", *common])
+    assert bad.exit_code != 0 and "--png-level 10" in bad.output and not (tmp_path / "bad").exists()
 
 
 def test_cli_all_good_exits_zero_with_globs_and_ext(tmp_path):

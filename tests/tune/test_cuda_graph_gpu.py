@@ -57,3 +57,38 @@ def test_capture_holds_while_another_thread_runs_cuda_work(no_tf32):
     assert restore.forward.disabled is None, restore.forward.disabled
     assert len(restore.forward.graphs) == 1
     assert all((o - ref).abs().max() < 1e-3 for o in outs)
+
+
+def test_capture_holds_while_another_thread_takes_pooled_streams_and_copies_from_pageable_memory(no_tf32):
+    """The pipeline's threads take streams from PyTorch's pool and upload decoded photos from ordinary memory: a
+    capture on a pooled stream can share that stream, and the other thread's copy then fails mid-capture."""
+    model, restore = _restorer()
+    x = torch.rand(2, 3, 256, 256, device="cuda") * 2 - 1
+    with torch.no_grad():
+        ref = model(x)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    host = torch.rand(256, 256, 3)                  # pageable, as a decoded photo is
+
+    def uploads() -> None:
+        try:
+            while not stop.is_set():
+                with torch.cuda.stream(torch.cuda.Stream()):          # walks the pool, as stage threads do
+                    host.to("cuda").sum().item()
+        except BaseException as e:                  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    t = threading.Thread(target=uploads)
+    t.start()
+    try:
+        for _ in range(6):
+            restore.forward.reset()                 # a fresh capture each time: many chances to collide
+            restore.forward.seen.clear()
+            restore(x)
+            out = restore(x)
+    finally:
+        stop.set()
+        t.join()
+    assert not errors, errors[0]
+    assert restore.forward.disabled is None, restore.forward.disabled
+    assert (out - ref).abs().max() < 1e-3
