@@ -60,11 +60,8 @@ def compile_already_graphs(cfg: TuneConfig) -> bool:
     return cfg.compile in COMPILE_MODES_WITH_GRAPHS
 
 
-_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
 def capture_stream(device: torch.device) -> torch.cuda.Stream:
-    """A stream of this module's own to capture on, outside PyTorch's stream pool.
+    """A new stream to capture on, outside PyTorch's stream pool; each capturing owner keeps its own.
 
     Why: `torch.cuda.Stream()` hands out one of a small pool of streams round-robin, so a pipeline thread's own
     stream (detector, upload, paste) can be the very stream a capture runs on; that thread's next copy then fails
@@ -72,10 +69,7 @@ def capture_stream(device: torch.device) -> torch.cuda.Stream:
     by cudaStreamCreateWithFlags (non-blocking) is shared with no one. Falls back to a pooled stream when the CUDA
     runtime library cannot be opened by name."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    stream = _CAPTURE_STREAMS.get(index)
-    if stream is None:
-        stream = _CAPTURE_STREAMS[index] = _private_stream(index) or torch.cuda.Stream(device=index)
-    return stream
+    return _private_stream(index) or torch.cuda.Stream(device=index)
 
 
 def _private_stream(index: int) -> torch.cuda.Stream | None:
@@ -114,6 +108,7 @@ class GraphedForward:
         self.graphs: dict[tuple, _Captured] = {}
         self.seen: set[tuple] = set()
         self.pool = None
+        self.stream: torch.cuda.Stream | None = None
         self.disabled: str | None = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -176,8 +171,9 @@ class GraphedForward:
             self.pool = torch.cuda.graph_pool_handle()
         # thread_local: the pipeline's other threads (detector, paste, decode) keep issuing CUDA work on their own
         # streams while this thread captures; the default "global" mode fails their calls and the capture with them
-        with torch.cuda.graph(graph, pool=self.pool, stream=capture_stream(device),
-                              capture_error_mode="thread_local"):
+        if self.stream is None:
+            self.stream = capture_stream(device)
+        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
             static_out = self.module(static_in)
         torch.cuda.synchronize(device)
         return static_out

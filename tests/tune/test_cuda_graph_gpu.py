@@ -92,3 +92,36 @@ def test_capture_holds_while_another_thread_takes_pooled_streams_and_copies_from
     assert not errors, errors[0]
     assert restore.forward.disabled is None, restore.forward.disabled
     assert (out - ref).abs().max() < 1e-3
+
+
+def test_two_threads_capture_at_once(no_tf32):
+    """The detector's P-Net and the generator capture their graphs from their own threads, at any moment."""
+    model, first = _restorer()
+    second = build_restorer(copy.deepcopy(model), TuneConfig(cuda_graph=True), device="cuda")
+    x = torch.rand(2, 3, 256, 256, device="cuda") * 2 - 1
+    with torch.no_grad():
+        ref = model(x)
+    outs: dict[int, torch.Tensor] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def run(i: int, restore) -> None:
+        try:
+            start.wait()
+            for _ in range(4):
+                restore.forward.reset()
+                restore.forward.seen.clear()
+                restore(x)
+                outs[i] = restore(x)
+                torch.cuda.synchronize()
+        except BaseException as e:                  # noqa: BLE001 (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i, r)) for i, r in enumerate((first, second))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert first.forward.disabled is None and second.forward.disabled is None
+    assert all((outs[i] - ref).abs().max() < 1e-3 for i in (0, 1))

@@ -18,6 +18,7 @@ from gpen_tune.face.detect.mtcnn_batched import (
 )
 from gpen_tune.ops import area_resize as area_ops
 from gpen_tune.ops.area_resize import integral
+from gpen_tune.tune.cuda_graph import capture_stream
 
 
 class FixedCanvasPNet:
@@ -51,6 +52,7 @@ class FixedCanvasPNet:
         self.scales = pyramid_scales(self.side, self.min_face, self.factor)
         self._slots: dict[int, _FixedSlot] = {}
         self._pool = None
+        self._capture_stream: torch.cuda.Stream | None = None
         self._host: torch.Tensor | None = None          # pinned [bucket, side, side, 3] uint8
         self._uploaded: torch.cuda.Event | None = None   # the last upload from _host (reused only after it)
         self.replays = 0
@@ -156,7 +158,10 @@ class FixedCanvasPNet:
                 self._compute(slot)
         torch.cuda.current_stream(self.device).wait_stream(side_stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        if self._capture_stream is None:
+            self._capture_stream = capture_stream(self.device)
+        # thread_local, on a stream of its own: the generator thread may be running, or capturing, meanwhile
+        with torch.cuda.graph(graph, pool=self._pool, stream=self._capture_stream, capture_error_mode="thread_local"):
             outputs = self._compute(slot)
         return graph, outputs
 
