@@ -179,8 +179,10 @@ class GraphedForward:
         return static_out
 
     def reset(self) -> None:
-        """Drop every graph and its memory (e.g. after an OOM)."""
+        """Drop every graph and its memory (e.g. after an OOM); the next capture takes a new pool (the old one is
+        released with its last graph, and capturing into it again trips PyTorch's allocator)."""
         self.graphs.clear()
+        self.pool = None
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
