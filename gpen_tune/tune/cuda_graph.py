@@ -29,6 +29,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import gc
+import threading
 import time
 from collections.abc import Callable
 
@@ -58,6 +59,11 @@ COMPILE_MODES_WITH_GRAPHS = ("reduce-overhead", "max-autotune")
 
 def compile_already_graphs(cfg: TuneConfig) -> bool:
     return cfg.compile in COMPILE_MODES_WITH_GRAPHS
+
+
+# one capture at a time in the process (the generator's and the detector's threads): every capture registers
+# PyTorch's default CUDA generator with its graph, and two at once would interleave that registration
+CAPTURE_LOCK = threading.Lock()
 
 
 def capture_stream(device: torch.device) -> torch.cuda.Stream:
@@ -173,7 +179,8 @@ class GraphedForward:
         # streams while this thread captures; the default "global" mode fails their calls and the capture with them
         if self.stream is None:
             self.stream = capture_stream(device)
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
+        with CAPTURE_LOCK, torch.cuda.graph(graph, pool=self.pool, stream=self.stream,
+                                            capture_error_mode="thread_local"):
             static_out = self.module(static_in)
         torch.cuda.synchronize(device)
         return static_out

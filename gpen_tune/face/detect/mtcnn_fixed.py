@@ -18,7 +18,7 @@ from gpen_tune.face.detect.mtcnn_batched import (
 )
 from gpen_tune.ops import area_resize as area_ops
 from gpen_tune.ops.area_resize import integral
-from gpen_tune.tune.cuda_graph import capture_stream
+from gpen_tune.tune.cuda_graph import CAPTURE_LOCK, capture_stream
 
 
 class FixedCanvasPNet:
@@ -161,7 +161,8 @@ class FixedCanvasPNet:
         if self._capture_stream is None:
             self._capture_stream = capture_stream(self.device)
         # thread_local, on a stream of its own: the generator thread may be running, or capturing, meanwhile
-        with torch.cuda.graph(graph, pool=self._pool, stream=self._capture_stream, capture_error_mode="thread_local"):
+        with CAPTURE_LOCK, torch.cuda.graph(graph, pool=self._pool, stream=self._capture_stream,
+                                            capture_error_mode="thread_local"):
             outputs = self._compute(slot)
         return graph, outputs
 
