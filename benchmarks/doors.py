@@ -23,6 +23,11 @@ The doors' own limits, measured in this process after the CLI runs (so it holds 
 
     # GPU (one H200, ~5 minutes):
     python benchmarks/doors.py --out benchmarks/results
+    # before/after in one call, as RESULTS.md's doors table was made (the baseline's tree beside this checkout;
+    # its CLI runs from there, the limits are measured by this checkout's code):
+    mkdir -p ../base && git archive 23cc6d4 gpen_tune benchmarks patches pyproject.toml | tar -x -C ../base
+    python benchmarks/doors.py --no-limits --tag after --out benchmarks/results
+    python benchmarks/doors.py --code ../base --tag base-23cc6d4 --out benchmarks/results
     # CPU (CI-size machines; GPEN-BFR-256, small folder/clip/photo, same keys; ~5 minutes on 2 cores):
     python benchmarks/doors.py --small --out benchmarks/results
 

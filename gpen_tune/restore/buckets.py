@@ -1,8 +1,8 @@
 """Batch sizes: the one bucket table, the default batch size, and how many pending faces to launch.
 
-Batches are bucket sizes (1, 2, 4, ... 64) so a CUDA-graph forward replays a captured graph without padding; a
-leftover of 29 faces runs as 16 + 8 + 4 + 1. A forward that pads every batch to one shape (torch.compile: one
-compile per shape) instead takes up to the limit at once.
+Batches of an eager forward are bucket sizes (1, 2, 4, ... 64); a leftover of 29 faces runs as 16 + 8 + 4 + 1. A
+forward that pads every batch to one shape (torch.compile: one compile per shape; CUDA graphs: one warm-up and
+capture per shape) instead takes up to the limit at once.
 """
 
 from __future__ import annotations
