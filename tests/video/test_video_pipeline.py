@@ -24,7 +24,9 @@ from gpen_tune.load import load_model  # noqa: E402
 from gpen_tune.model.configs import GPENConfig  # noqa: E402
 from gpen_tune.pipeline.api import Pipeline  # noqa: E402
 from gpen_tune.pipeline.settings import EnhanceSettings  # noqa: E402
+from gpen_tune.video.encoders import pick_encoder  # noqa: E402
 from gpen_tune.video.stream import enhance_frames, enhance_video  # noqa: E402
+from gpen_tune.video_presets import ENCODER_PRESETS, encoder_preset_for  # noqa: E402
 
 COMMON = ["--weights", "synthetic", "--model", "GPEN-BFR-256", "--detector", "mtcnn", "--device", "cpu"]
 
@@ -184,3 +186,34 @@ def test_a_frame_whose_detection_fails_passes_through_and_the_rest_follow():
     assert same.count(True) == 1                                    # the failed frame, unchanged
     assert all(np.abs(o.astype(int) - f.astype(int)).max() > 20
                for o, f, s in zip(out, frames, same, strict=True) if not s)
+
+
+# -- --encoder-preset: x264's speed preset, medium by default and veryfast under --preset speed --------------------
+
+def test_the_preset_asked_for_else_veryfast_for_speed_else_medium():
+    assert encoder_preset_for(None, None) == "medium"
+    assert encoder_preset_for(None, "balanced") == "medium"
+    assert encoder_preset_for(None, "speed") == "veryfast"
+    assert encoder_preset_for("slow", "speed") == "slow"
+    with pytest.raises(ValueError, match="ultrafast"):
+        encoder_preset_for("quick", None)
+    assert pick_encoder("h264", "mp4", preset="ultrafast")[1] == {"crf": "18", "preset": "ultrafast"}
+    assert pick_encoder("hevc", "mkv", preset="fast")[1]["preset"] == "fast"
+    assert "preset" not in pick_encoder("vp9", "webm", preset="fast")[1]          # only x264 / x265 take it
+    assert ENCODER_PRESETS[0] == "ultrafast" and ENCODER_PRESETS[-1] == "veryslow"
+
+
+def test_cli_writes_a_clip_with_the_fastest_preset_and_refuses_an_unknown_one(tmp_path):
+    src = make_clip(tmp_path / "clip.mp4", n=6, size=(320, 240))
+    res = invoke([str(src), "-o", str(tmp_path / "out"), "--encoder-preset", "ultrafast", *COMMON])
+    assert res.exit_code == 0, res.output
+    dst = tmp_path / "out" / "clip.mp4"
+    with av.open(str(dst)) as c:
+        stream = c.streams.video[0]
+        assert stream.codec_context.name == "h264"
+        frames = list(c.decode(video=0))
+    assert len(frames) == 6
+    assert packets(dst, "audio") == packets(src, "audio")
+    bad = invoke([str(src), "-o", str(tmp_path / "bad"), "--encoder-preset", "quick", *COMMON])
+    assert bad.exit_code != 0 and "--encoder-preset quick" in bad.output
+    assert not (tmp_path / "bad" / "clip.mp4").exists()
