@@ -151,7 +151,9 @@ def common(sz: dict, preset: str, device: str) -> list[str]:
     return ["--weights", "synthetic", "--model", sz["model"], "--preset", preset, "--device", device, "--overwrite"]
 
 
-def user_runs(inputs: dict, sz: dict, device: str, extra: list[str], code: Path) -> dict:
+def user_runs(inputs: dict, sz: dict, device: str, extra: list[str], code: Path,
+              only: set[str] | None = None) -> dict:
+    """The CLI runs (`only`: these of them; one_photo_warm_cache is warm only after one_photo_cold)."""
     work: Path = inputs["work"]
     caches = work / "kernel-caches"                 # fresh: the first run below is a first-ever run
     env = dict(os.environ, TRITON_CACHE_DIR=str(caches / "triton"), TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
@@ -162,19 +164,22 @@ def user_runs(inputs: dict, sz: dict, device: str, extra: list[str], code: Path)
                    cwd=code, check=False, timeout=t)
     imports_s = round(time.perf_counter() - t0, 3)
     one = [str(inputs["one"]), "-o", str(work / "out_one"), *common(sz, sz["preset_one"], device), *extra]
+    speed = [*common(sz, sz["preset"], device), *extra]
+    plan = {                                        # name: (arguments, report file); in this order
+        "one_photo_cold": (one, "r_one_cold.json"),
+        "one_photo_warm_cache": (one, "r_one_warm.json"),
+        "startup": ([str(inputs["noface"]), "-o", str(work / "out_noface"), *common(sz, sz["preset_one"], device),
+                     *extra], None),
+        "folder": ([str(inputs["folder"]), "-o", str(work / "out_folder"), *speed], "r_folder.json"),
+        "clip_one": ([str(inputs["clip_one"]), "-o", str(work / "out_clip_one"), *speed], "r_clip_one.json"),
+        "clip_group": ([str(inputs["clip_group"]), "-o", str(work / "out_clip_group"), *speed], "r_clip_group.json"),
+        "big_photo": ([str(inputs["big"]), "-o", str(work / "out_big"), "--serial", *speed], "r_big.json"),
+    }
     runs = {"imports": {"command": "python -c 'import torch, gpen_tune.pipeline.api, gpen_tune.cli.enhance'",
-                        "wall_s": imports_s, "rc": 0},
-            "one_photo_cold": cli(one, env, t, work / "r_one_cold.json"),
-            "one_photo_warm_cache": cli(one, env, t, work / "r_one_warm.json")}
-    runs["startup"] = cli([str(inputs["noface"]), "-o", str(work / "out_noface"),
-                           *common(sz, sz["preset_one"], device), *extra], env, t)
-    runs["folder"] = cli([str(inputs["folder"]), "-o", str(work / "out_folder"), *common(sz, sz["preset"], device),
-                          *extra], env, t, work / "r_folder.json")
-    for name in ("clip_one", "clip_group"):
-        runs[name] = cli([str(inputs[name]), "-o", str(work / f"out_{name}"), *common(sz, sz["preset"], device),
-                          *extra], env, t, work / f"r_{name}.json")
-    runs["big_photo"] = cli([str(inputs["big"]), "-o", str(work / "out_big"), "--serial",
-                             *common(sz, sz["preset"], device), *extra], env, t, work / "r_big.json")
+                        "wall_s": imports_s, "rc": 0}}
+    for name, (args, report) in plan.items():
+        if only is None or name in only:
+            runs[name] = cli(args, env, t, work / report if report else None)
     return runs
 
 
@@ -184,14 +189,18 @@ def busy_share(run: dict) -> float | None:
     return round(gen["busy_s"] / span, 3) if span and gen.get("busy_s") is not None else None
 
 
-def video_fps(run: dict, startup_s: float) -> tuple[float | None, float | None]:
+def video_fps(run: dict | None, startup_s: float) -> tuple[float | None, float | None]:
+    if run is None:
+        return None, None
     frames = ((run.get("images") or [{}])[0].get("video") or {}).get("frames")
     if not frames or run["rc"] != 0:
         return None, None
     return round(frames / run["wall_s"], 2), round(frames / max(run["wall_s"] - startup_s, 1e-3), 2)
 
 
-def big_photo_seconds(run: dict) -> float | None:
+def big_photo_seconds(run: dict | None) -> float | None:
+    if run is None:
+        return None
     per = [sum(j["timings_s"].values()) for j in run.get("images") or []]
     warm = per[2:] or per[1:] or per
     return round(float(np.median(warm)), 3) if warm else None
@@ -348,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
                     "this one; e.g. an older commit's tree for a before/after)")
     ap.add_argument("--extra", default="", help="extra enhance options for every CLI run (quoted)")
     ap.add_argument("--no-limits", dest="limits", action="store_false", help="the CLI runs only")
+    ap.add_argument("--only", default=None, help="comma list of CLI runs: one_photo_cold, one_photo_warm_cache, "
+                    "startup, folder, clip_one, clip_group, big_photo (default: all)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
     if not args.image.is_file():
@@ -361,25 +372,26 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join([Path(sys.executable).name, *sys.argv])
     t_all = time.perf_counter()
     inputs = make_inputs(work, sz, args.image)
-    runs = user_runs(inputs, sz, device.type, shlex.split(args.extra), args.code.resolve())
-    startup = runs["startup"]["wall_s"]
-    one_fps, one_fps_steady = video_fps(runs["clip_one"], startup)
-    grp_fps, grp_fps_steady = video_fps(runs["clip_group"], startup)
-    folder = runs["folder"]
+    only = set(args.only.split(",")) if args.only else None
+    runs = user_runs(inputs, sz, device.type, shlex.split(args.extra), args.code.resolve(), only)
+    startup = runs["startup"]["wall_s"] if "startup" in runs else 0.0
+    one_fps, one_fps_steady = video_fps(runs.get("clip_one"), startup)
+    grp_fps, grp_fps_steady = video_fps(runs.get("clip_group"), startup)
+    folder = runs.get("folder") or {"wall_s": 0.0}
     faces = (folder.get("summary") or {}).get("faces") or 0
     result = {
         "benchmark": "doors", "command": command, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "environment": environment(), "device": device.type, "small": args.small,
         "code": str(args.code.resolve()), "extra": args.extra, "sizes": sz, "model": sz["model"],
-        "one_photo_cold_s": runs["one_photo_cold"]["wall_s"],
-        "one_photo_warm_cache_s": runs["one_photo_warm_cache"]["wall_s"],
-        "startup_s": startup, "imports_s": runs["imports"]["wall_s"],
+        "one_photo_cold_s": runs.get("one_photo_cold", {}).get("wall_s"),
+        "one_photo_warm_cache_s": runs.get("one_photo_warm_cache", {}).get("wall_s"),
+        "startup_s": runs.get("startup", {}).get("wall_s"), "imports_s": runs["imports"]["wall_s"],
         "folder_faces_per_s": round(faces / folder["wall_s"], 1) if faces else None,
         "folder_generator_busy": busy_share(folder),
         "video_one_face_fps": one_fps, "video_group_fps": grp_fps,
         "video_one_face_fps_after_startup": one_fps_steady, "video_group_fps_after_startup": grp_fps_steady,
-        "video_graph_fallback": runs["clip_one"]["graph_fallback"] or runs["clip_group"]["graph_fallback"],
-        "big_photo_s": big_photo_seconds(runs["big_photo"]), "big_photo_megapixels": inputs["big_mp"],
+        "video_graph_fallback": any(runs.get(k, {}).get("graph_fallback") for k in ("clip_one", "clip_group")),
+        "big_photo_s": big_photo_seconds(runs.get("big_photo")), "big_photo_megapixels": inputs["big_mp"],
         "failed_runs": [k for k, r in runs.items() if r["rc"] != 0],
         "folder": inputs["folder_info"] | {"faces": faces},
         "runs": runs,
