@@ -34,6 +34,7 @@ from gpen_tune.restore.convert import keep_input_where, stack_crops, to_model_in
 from gpen_tune.restore.staging import PendingBatch, PinnedStaging, StageTimes
 from gpen_tune.tune.amp import Fp32Reserve
 from gpen_tune.tune.apply import apply_switches
+from gpen_tune.tune.cuda_graph import settle
 from gpen_tune.tune.oom import is_out_of_memory
 from gpen_tune.tune.options import TuneConfig
 
@@ -263,14 +264,13 @@ class Restorer:
         reset = getattr(self.forward, "reset", None)
         if callable(reset):
             reset()                                       # CUDA graphs of the failed size
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        settle(sync=False)
 
     def _end_warmup(self, key: tuple, start: float, device: torch.device) -> None:
         if device.type == "cuda":
-            torch.cuda.synchronize(device)
+            settle(device, free=False)
             self.warmup_reserved_bytes = max(self.warmup_reserved_bytes, torch.cuda.memory_reserved(device))
-            torch.cuda.empty_cache()  # return what cuDNN's algorithm search left in the cache
+            settle(sync=False)        # return what cuDNN's algorithm search left in the cache
         self.warmup_seconds[key] = time.perf_counter() - start
 
     def _rerun_fp32(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

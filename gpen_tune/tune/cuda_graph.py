@@ -61,9 +61,23 @@ def compile_already_graphs(cfg: TuneConfig) -> bool:
     return cfg.compile in COMPILE_MODES_WITH_GRAPHS
 
 
-# one capture at a time in the process (the generator's and the detector's threads): every capture registers
-# PyTorch's default CUDA generator with its graph, and two at once would interleave that registration
-CAPTURE_LOCK = threading.Lock()
+# Held by every capture and by every device-wide call (synchronize, empty_cache) of the pipeline's threads: a
+# capture's own entry synchronizes and empties the cache, and a device-wide call from another thread during a
+# capture breaks it ("operation not permitted when stream is capturing", thread-local mode or not); two captures
+# at once would also interleave registering PyTorch's default CUDA generator with their graphs.
+CAPTURE_LOCK = threading.RLock()
+
+
+def settle(device: torch.device | None = None, *, sync: bool = True, free: bool = True) -> None:
+    """Synchronize the device and/or return the allocator's cached memory, never while a graph is being captured
+    in another thread."""
+    if not torch.cuda.is_available():
+        return
+    with CAPTURE_LOCK:
+        if sync:
+            torch.cuda.synchronize(device)
+        if free:
+            torch.cuda.empty_cache()
 
 
 def capture_stream(device: torch.device) -> torch.cuda.Stream:
@@ -160,7 +174,7 @@ class GraphedForward:
         except BaseException:
             del graph, static_in
             gc.collect()
-            torch.cuda.empty_cache()
+            settle(sync=False)
             raise
         return _Captured(graph, static_in, static_out, time.perf_counter() - start)
 
@@ -172,7 +186,7 @@ class GraphedForward:
             for _ in range(WARMUP_CALLS):   # with the FIR kernels a replay takes (the eager first use did not)
                 self.module(static_in)
         torch.cuda.current_stream(device).wait_stream(side)
-        torch.cuda.synchronize(device)
+        settle(device, free=False)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         # thread_local: the pipeline's other threads (detector, paste, decode) keep issuing CUDA work on their own
@@ -182,7 +196,7 @@ class GraphedForward:
         with CAPTURE_LOCK, torch.cuda.graph(graph, pool=self.pool, stream=self.stream,
                                             capture_error_mode="thread_local"):
             static_out = self.module(static_in)
-        torch.cuda.synchronize(device)
+        settle(device, free=False)
         return static_out
 
     def reset(self) -> None:
@@ -191,8 +205,7 @@ class GraphedForward:
         self.graphs.clear()
         self.pool = None
         gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        settle(sync=False)
 
 
 def apply(done: Applied) -> None:

@@ -1,5 +1,6 @@
 """CUDA graphs as a one-shot run and a pipeline use them: no capture for a bucket used once, and a capture that
-holds while other threads keep the GPU busy on their own streams (the video pipeline's detector and paste)."""
+holds while other threads keep the GPU busy on their own streams (the video pipeline's detector and paste), take
+pooled streams, upload from pageable memory, warm up (synchronize, empty the cache) or capture themselves."""
 
 from __future__ import annotations
 
@@ -113,7 +114,7 @@ def test_two_threads_capture_at_once(no_tf32):
                 restore.forward.seen.clear()
                 restore(x)
                 outs[i] = restore(x)
-                torch.cuda.synchronize()
+                torch.cuda.current_stream().synchronize()   # stream-level: a device-wide sync goes through settle
         except BaseException as e:                  # noqa: BLE001 (reported below)
             errors.append(e)
 

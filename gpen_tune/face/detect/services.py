@@ -31,6 +31,7 @@ import torch
 
 from gpen_tune.device_memory import cuda_memory
 from gpen_tune.face.detect.base import Detection, detect_shrunk
+from gpen_tune.tune.cuda_graph import settle
 
 MAX_IMAGES = 32      # images per service call (a backend splits them by its own `max_batch`)
 Policy = Literal["tight", "always", "never"]
@@ -291,8 +292,7 @@ class LazyDetector:
             close()
         del det, close
         gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        settle(sync=False)
         self.releases += 1
 
     def _memory_is_tight(self) -> bool:
