@@ -16,6 +16,6 @@ def encoder_preset_for(requested: str | None, tune_preset: str | None) -> str:
     """The x264/x265 speed preset: the one asked for, else veryfast under `--preset speed`, else medium."""
     if requested is not None:
         if requested not in ENCODER_PRESETS:
-            raise ValueError(f"--encoder-preset {requested}: use one of {', '.join(ENCODER_PRESETS)}")
+            raise ValueError(f"--video-preset {requested}: use one of {', '.join(ENCODER_PRESETS)}")
         return requested
     return SPEED_ENCODER_PRESET if tune_preset == "speed" else DEFAULT_ENCODER_PRESET

@@ -156,10 +156,9 @@ def enhance(
                                       "better (default: visually lossless for the codec).")] = None,
     smooth: Annotated[bool, _opt("--smooth/--no-smooth", panel=VIDEO_PANEL, show_default=False,
                                  help="Track faces and smooth their landmarks across frames (default: on).")] = True,
-    encoder_preset: Annotated[str | None, _opt("--encoder-preset", panel=VIDEO_PANEL, metavar="NAME",
-                                               show_default=False, help="x264/x265 speed: ultrafast .. veryslow; "
-                                               "faster is bigger at the same crf (default medium; veryfast with "
-                                               "--preset speed).")] = None,
+    video_preset: Annotated[str | None, _opt("--video-preset", panel=VIDEO_PANEL, metavar="NAME",
+                                             show_default=False, help="x264/x265 speed preset (default medium; "
+                                             "veryfast with --preset speed).")] = None,
     devices: Annotated[str | None, _opt("--devices", panel=SCALE_PANEL, show_default=False, metavar="LIST",
                                         help="Run on several GPUs of this host: all, or numbers such as 0,1,3.")]
     = None,
@@ -221,7 +220,7 @@ def enhance(
             dev = torch.device("cuda")
         else:
             dev = resolve_device(device.value, notice)
-        encoder_speed = encoder_preset_for(encoder_preset, getattr(preset, "value", preset))
+        encoder_speed = encoder_preset_for(video_preset, getattr(preset, "value", preset))
         tune, origin = tune_config_from_options(preset, lazy_detector, compile, amp, checkpoint, face_crop,
                                                 cuda_graph, fused, backend, device=dev.type)
         settings = EnhanceSettings(

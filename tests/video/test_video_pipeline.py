@@ -188,7 +188,7 @@ def test_a_frame_whose_detection_fails_passes_through_and_the_rest_follow():
                for o, f, s in zip(out, frames, same, strict=True) if not s)
 
 
-# -- --encoder-preset: x264's speed preset, medium by default and veryfast under --preset speed --------------------
+# -- --video-preset: x264's speed preset, medium by default and veryfast under --preset speed --------------------
 
 def test_the_preset_asked_for_else_veryfast_for_speed_else_medium():
     assert encoder_preset_for(None, None) == "medium"
@@ -205,7 +205,7 @@ def test_the_preset_asked_for_else_veryfast_for_speed_else_medium():
 
 def test_cli_writes_a_clip_with_the_fastest_preset_and_refuses_an_unknown_one(tmp_path):
     src = make_clip(tmp_path / "clip.mp4", n=6, size=(320, 240))
-    res = invoke([str(src), "-o", str(tmp_path / "out"), "--encoder-preset", "ultrafast", *COMMON])
+    res = invoke([str(src), "-o", str(tmp_path / "out"), "--video-preset", "ultrafast", *COMMON])
     assert res.exit_code == 0, res.output
     dst = tmp_path / "out" / "clip.mp4"
     with av.open(str(dst)) as c:
@@ -214,6 +214,6 @@ def test_cli_writes_a_clip_with_the_fastest_preset_and_refuses_an_unknown_one(tm
         frames = list(c.decode(video=0))
     assert len(frames) == 6
     assert packets(dst, "audio") == packets(src, "audio")
-    bad = invoke([str(src), "-o", str(tmp_path / "bad"), "--encoder-preset", "quick", *COMMON])
-    assert bad.exit_code != 0 and "--encoder-preset quick" in bad.output
+    bad = invoke([str(src), "-o", str(tmp_path / "bad"), "--video-preset", "quick", *COMMON])
+    assert bad.exit_code != 0 and "--video-preset quick" in bad.output
     assert not (tmp_path / "bad" / "clip.mp4").exists()
