@@ -35,7 +35,7 @@ app = typer.Typer(
 
 def _register() -> None:
     # each command module adds its commands to `app` on import
-    from gpen_tune.cli import bench, demo, doctor, enhance, export, patches, weights  # noqa: F401
+    from gpen_tune.cli import bench, demo, doctor, enhance, export, patches, serve, weights  # noqa: F401
 
 
 _register()

@@ -1,0 +1,95 @@
+"""`gpen-tune serve`: the HTTP service (a thin layer over `gpen_tune.serve.create_app` and uvicorn)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from gpen_tune.cli import app
+from gpen_tune.cli._console import fail, failure, notice, user_errors
+from gpen_tune.cli._options import PresetOpt, tune_config_from_options
+from gpen_tune.cli._options import panel_option as _opt  # short: it is on every option line
+
+NET_PANEL = "Network and auth"
+MODEL_PANEL = "Model and device"
+LIMIT_PANEL = "Limits"
+
+EXAMPLES = """
+Examples:\n
+  gpen-tune serve --weights GPEN-BFR-512\n
+  gpen-tune serve --weights /models/GPEN-BFR-512.pth --host 0.0.0.0 --token "$TOKEN" --spool /spool
+"""
+
+
+@app.command(epilog=EXAMPLES)
+def serve(
+    host: Annotated[str, _opt("--host", panel=NET_PANEL, help="Address to listen on (beyond loopback a token or "
+                              "--no-auth is needed).")] = "127.0.0.1",
+    port: Annotated[int, _opt("--port", panel=NET_PANEL, help="TCP port.")] = 8000,
+    token: Annotated[str | None, _opt("--token", panel=NET_PANEL, envvar="GPEN_TUNE_TOKEN", show_default=False,
+                                      help="Bearer token clients must send (env GPEN_TUNE_TOKEN).")] = None,
+    no_auth: Annotated[bool, _opt("--no-auth", panel=NET_PANEL, help="Allow anyone on a non-loopback address.")]
+    = False,
+    model: Annotated[str, _opt("--model", panel=MODEL_PANEL, show_default=False,
+                               help="GPEN-BFR-256, -512 (default), -1024 or -2048.")] = "GPEN-BFR-512",
+    weights: Annotated[str | None, _opt("--weights", panel=MODEL_PANEL, metavar="PATH|NAME", show_default=False,
+                                        help="A .pth file, a cached registry name, or 'synthetic' (required).")]
+    = None,
+    device: Annotated[str, _opt("--device", panel=MODEL_PANEL, help="auto, cuda, cuda:N, cpu or mps.")] = "auto",
+    detector: Annotated[str, _opt("--detector", panel=MODEL_PANEL, help="retinaface_resnet50, "
+                                  "retinaface_mobile0.25, mtcnn or auto.")] = "auto",
+    parse_mask: Annotated[bool | None, _opt("--parse-mask/--no-parse-mask", panel=MODEL_PANEL, show_default=False,
+                                            help="Paste through ParseNet's mask (default: when available).")]
+    = None,
+    parse_weights: Annotated[str | None, _opt("--parse-weights", panel=MODEL_PANEL, metavar="PATH",
+                                              help="ParseNet weights file.")] = None,
+    batch_size: Annotated[int | None, _opt("--batch-size", panel=MODEL_PANEL, metavar="N", show_default=False,
+                                           help="Most faces per generator call (default: as enhance).")] = None,
+    preset: PresetOpt = None,
+    spool: Annotated[Path, _opt("--spool", panel=LIMIT_PANEL, help="Folder of jobs and uploads in progress.")]
+    = Path("gpen-serve-spool"),
+    max_upload_mb: Annotated[float, _opt("--max-upload-mb", panel=LIMIT_PANEL, help="Largest upload.")] = 50.0,
+    max_megapixels: Annotated[float, _opt("--max-megapixels", panel=LIMIT_PANEL, help="Largest image.")] = 40.0,
+    max_queue_faces: Annotated[int, _opt("--max-queue-faces", panel=LIMIT_PANEL,
+                                         help="Faces waiting beyond which requests get 503.")] = 256,
+    timeout: Annotated[float, _opt("--timeout", panel=LIMIT_PANEL, help="Seconds per request before 504.")]
+    = 120.0,
+    max_wait_ms: Annotated[float, _opt("--max-wait-ms", panel=LIMIT_PANEL,
+                                       help="How long a face waits for others to share its generator call.")] = 5.0,
+    spool_quota_mb: Annotated[float, _opt("--spool-quota-mb", panel=LIMIT_PANEL, help="Spool size limit.")]
+    = 2048.0,
+    job_expiry_h: Annotated[float, _opt("--job-expiry-h", panel=LIMIT_PANEL,
+                                        help="Hours a finished job's files are kept.")] = 24.0,
+) -> None:
+    """Serve face restoration over HTTP: an API, a web page at /, jobs, health and metrics."""
+    from gpen_tune.serve import MISSING_EXTRA, serve_extra_missing
+
+    if serve_extra_missing():
+        raise fail(MISSING_EXTRA)
+    if not weights:
+        raise fail("gpen-tune serve needs --weights: a .pth file, a cached registry name such as GPEN-BFR-512, or "
+                   "'synthetic' for a test server (its output is no restoration)")
+    from gpen_tune.serve.runner import UnsafeBind, check_bind, run_server
+
+    try:
+        check_bind(host, token, no_auth)
+    except UnsafeBind as e:
+        raise failure(e) from None
+    from gpen_tune.pipeline.settings import EnhanceSettings, resolve_device  # heavy: torch (fast --help)
+    from gpen_tune.serve.app import create_app  # heavy: torch (fast --help)
+    from gpen_tune.serve.limits import ServeLimits  # heavy: torch (fast --help)
+    from gpen_tune.serve.steps import Steps  # heavy: torch (fast --help)
+
+    try:
+        dev = resolve_device(device, notice)
+        tune, _ = tune_config_from_options(preset, device=dev.type)
+        settings = EnhanceSettings(model=model, weights=weights, device=str(dev), detector=detector,
+                                   parse_mask=parse_mask, parse_weights=parse_weights, batch_size=batch_size)
+        limits = ServeLimits(max_upload_bytes=int(max_upload_mb * 2**20), max_pixels=int(max_megapixels * 1e6),
+                             max_queue_faces=max_queue_faces, request_timeout_s=timeout, max_wait_ms=max_wait_ms,
+                             spool_quota_bytes=int(spool_quota_mb * 2**20), job_expiry_s=job_expiry_h * 3600)
+        steps = Steps.build(settings, tune, notice)          # a missing file fails here, before listening
+        application = create_app(spool=spool, limits=limits, token=token, notify=notice, steps=lambda: steps)
+    except user_errors() as e:
+        raise failure(e) from None
+    run_server(application, host, port)

@@ -1,0 +1,84 @@
+"""What the service accepts: its limits (`ServeLimits`), the image header check made before any decoding, and
+bearer-token auth. Every refusal is an `HttpRefusal` the app turns into a JSON error with its status."""
+
+from __future__ import annotations
+
+import hmac
+import io
+import ipaddress
+import warnings
+from dataclasses import dataclass
+
+from PIL import Image, UnidentifiedImageError
+
+from gpen_tune.imageio import EXT_TO_FORMAT, FORMAT_TO_EXT
+
+TOKEN_ENV = "GPEN_TUNE_TOKEN"
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """Bounds of one server; every one is a CLI option of `gpen-tune serve`."""
+
+    max_upload_bytes: int = 50 * 2**20      # 413 above
+    max_pixels: int = 40_000_000            # 413 above, read from the file's header
+    max_queue_faces: int = 256              # 503 (Retry-After) when more faces wait for the generator
+    request_timeout_s: float = 120.0        # 504 when a request takes longer
+    max_wait_ms: float = 5.0                # how long the oldest queued face waits for others to share its batch
+    spool_quota_bytes: int = 2 * 2**30      # 507 for a new job above it
+    job_expiry_s: float = 24 * 3600.0       # finished jobs (and their files) are removed after this
+
+
+class HttpRefusal(Exception):
+    """A request refused with `status` and a one-line `message` (and optional headers)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+def check_header(data: bytes, name: str, max_pixels: int) -> str:
+    """The upload's file extension from its header alone (Pillow opens lazily: no pixel is decoded here).
+    415: not an image or a format we do not restore; 413: more pixels than `max_pixels`."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as img:
+                fmt, (w, h) = img.format, img.size
+    except Image.DecompressionBombError as e:
+        raise HttpRefusal(413, f"{name}: {e}") from None
+    except (UnidentifiedImageError, OSError, ValueError):
+        raise HttpRefusal(415, f"{name}: not an image (or a format that cannot be read); send JPEG, PNG, WebP, "
+                          "BMP or TIFF") from None
+    if fmt not in FORMAT_TO_EXT:
+        raise HttpRefusal(415, f"{name}: {fmt} is not supported; send JPEG, PNG, WebP, BMP or TIFF")
+    if w * h > max_pixels:
+        raise HttpRefusal(413, f"{name}: {w}x{h} is {w * h / 1e6:.1f} megapixels, above this server's limit of "
+                          f"{max_pixels / 1e6:.1f}")
+    return FORMAT_TO_EXT[fmt]
+
+
+def check_ext(ext: str | None) -> str | None:
+    if ext is None or ext == "":
+        return None
+    e = ext.lower().lstrip(".")
+    if e not in EXT_TO_FORMAT:
+        raise HttpRefusal(400, f"ext={ext}: use one of {', '.join(EXT_TO_FORMAT)}")
+    return e
+
+
+def token_matches(header: str | None, token: str) -> bool:
+    """`Authorization: Bearer <token>`, compared in constant time."""
+    if not header or not header.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(header[len("Bearer "):].strip().encode(), token.encode())
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps the server reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,248 @@
+"""`Service`: what the HTTP routes call. It builds the pipeline in the background (the server answers /healthz at
+once and /readyz once the models are loaded and warm), runs each upload through prepare -> the shared batcher ->
+finish, and works the job spool with one thread whose faces share the same batches as the live requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import shutil
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from concurrent.futures import CancelledError
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from gpen_tune.imageio import ImageReadError
+from gpen_tune.serve.batcher import FaceBatcher, QueueFull, Ticket
+from gpen_tune.serve.limits import HttpRefusal, ServeLimits
+from gpen_tune.serve.metrics import ServeMetrics
+from gpen_tune.serve.spool import JobRecord, JobSpool
+from gpen_tune.serve.steps import RequestError, RequestOptions, Steps
+
+DISCONNECT_POLL_S = 0.1
+JOB_QUEUE_RETRY_S = 0.5
+
+
+@dataclass
+class Restored:
+    """One finished image: the encoded file and what the response headers tell."""
+
+    data: bytes
+    ext: str
+    faces: int
+    timings: dict[str, float]
+
+
+class JobCancelled(Exception):
+    pass
+
+
+class Service:
+    def __init__(self, build: Callable[[], Steps], limits: ServeLimits, spool_dir: Path,
+                 notify: Callable[[str], None] = print):
+        self.build, self.limits, self.notify = build, limits, notify
+        self.spool = JobSpool(Path(spool_dir) / "jobs", limits.spool_quota_bytes, limits.job_expiry_s)
+        self.work_dir = Path(spool_dir) / "requests"          # uploads of live requests, removed after each
+        self.steps: Steps | None = None
+        self.batcher: FaceBatcher | None = None
+        self.metrics = ServeMetrics(self._queue_depth, self._gpu_memory)
+        self.ready = threading.Event()
+        self.failed: str | None = None
+        self._jobs: queue.Queue[str | None] = queue.Queue()
+        self._job_tickets: dict[str, Ticket] = {}
+        self._cancelled: set[str] = set()
+        self._job_thread: threading.Thread | None = None
+        self._loader = threading.Thread(target=self._load, name="gpen-serve-load", daemon=True)
+
+    # -- life --------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        shutil.rmtree(self.work_dir, ignore_errors=True)      # a killed server's uploads: nobody waits for them
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self._loader.start()
+
+    def _load(self) -> None:
+        try:
+            steps = self.build()
+            if steps.device.type == "cpu":
+                import torch  # heavy: torch, loaded by the build already
+
+                torch.set_num_threads(steps.cpu_threads())    # detection and the generator run at once
+            steps.warm_up()
+            self.steps = steps
+            self.batcher = FaceBatcher(steps, self.limits.max_wait_ms / 1000.0, self.limits.max_queue_faces,
+                                       on_batch=self.metrics.on_batch)
+            for record in self.spool.recover():
+                self._jobs.put(record.id)
+            self._job_thread = threading.Thread(target=self._job_loop, name="gpen-serve-jobs", daemon=True)
+            self._job_thread.start()
+            self.ready.set()
+        except Exception as exc:                               # /readyz says why; /healthz stays up
+            self.failed = " ".join(str(exc).split()) or type(exc).__name__
+            self.notify(f"the models could not be loaded: {self.failed}")
+
+    def close(self) -> None:
+        """After the server stopped taking requests: the job in progress completes, queued jobs stay queued in
+        the spool (the next server takes them), the batcher restores what is queued, the models are released."""
+        if self._job_thread is not None:
+            self._jobs.put(None)
+            self._job_thread.join()
+        if self.batcher is not None:
+            self.batcher.close()
+        if self.steps is not None:
+            self.steps.close()
+
+    def check_ready(self) -> None:
+        if self.failed is not None:
+            raise HttpRefusal(503, f"the models could not be loaded: {self.failed}")
+        if not self.ready.is_set():
+            raise HttpRefusal(503, "the models are still loading", {"Retry-After": "5"})
+
+    # -- one image, live ----------------------------------------------------------------------------------------
+    async def restore(self, data: bytes, name: str, ext: str, options: RequestOptions,
+                      disconnected: Callable[[], Awaitable[bool]]) -> Restored:
+        """The upload through prepare -> batcher -> finish within the request timeout; a client that goes away
+        has its queued faces dropped."""
+        self.check_ready()
+        deadline = time.monotonic() + self.limits.request_timeout_s
+        folder = Path(tempfile.mkdtemp(dir=self.work_dir))
+        try:
+            src = folder / f"input.{ext}"
+            src.write_bytes(data)
+            prepared = await _within(run_in_threadpool(self._prepare, src, name, options), deadline)
+            try:
+                ticket = self.batcher.submit(prepared)
+            except QueueFull as e:
+                raise HttpRefusal(503, f"busy: {e}", {"Retry-After": "1"}) from None
+            await self._wait(ticket, deadline, disconnected)
+            path = await run_in_threadpool(self.steps.finish, prepared, folder / "out", options.ext)
+            return Restored(path.read_bytes(), path.suffix.lstrip("."), prepared.faces,
+                            dict(prepared.timings))
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _prepare(self, path: Path, name: str, options: RequestOptions):
+        try:
+            return self.steps.prepare(path, name, options)
+        except RequestError as e:
+            raise HttpRefusal(400, str(e)) from None
+        except ImageReadError as e:
+            raise HttpRefusal(400, " ".join(str(e).split()).replace(str(path), name)) from None
+
+    async def _wait(self, ticket: Ticket, deadline: float, disconnected: Callable[[], Awaitable[bool]]) -> None:
+        waiter = asyncio.wrap_future(ticket.future)
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise HttpRefusal(504, f"not done within the request timeout ({self.limits.request_timeout_s:g} s)")
+                done, _ = await asyncio.wait({waiter}, timeout=min(DISCONNECT_POLL_S, left))
+                if done:
+                    waiter.result()
+                    return
+                if await disconnected():
+                    raise HttpRefusal(499, "the client went away")
+        except BaseException:
+            self._drop(ticket)
+            raise
+
+    def _drop(self, ticket: Ticket) -> None:
+        before = self.batcher.stats.dropped
+        self.batcher.cancel(ticket)
+        self.metrics.dropped.inc(self.batcher.stats.dropped - before)
+
+    # -- jobs --------------------------------------------------------------------------------------------------
+    def submit_job(self, data: bytes, name: str, ext: str, options: RequestOptions) -> JobRecord:
+        self.check_ready()
+        record = self.spool.create(data, name, ext, asdict(options))
+        self._jobs.put(record.id)
+        return record
+
+    def cancel_job(self, job_id: str) -> JobRecord | None:
+        """Cancel a queued or running job and remove its files; None when there is no such job."""
+        record = self.spool.get(job_id)
+        if record is None:
+            return None
+        self._cancelled.add(job_id)
+        ticket = self._job_tickets.get(job_id)
+        if ticket is not None:
+            self._drop(ticket)
+        if record.state not in ("done", "failed"):
+            record.state = "cancelled"
+        self.spool.delete(job_id)
+        return record
+
+    def _job_loop(self) -> None:
+        while True:
+            job_id = self._jobs.get()
+            if job_id is None:
+                return
+            record = self.spool.get(job_id)
+            if record is None or record.state != "queued" or job_id in self._cancelled:
+                continue
+            record.state = "running"
+            self.spool.save(record)
+            try:
+                path, record.faces = self._run_job(record)
+                record.state, record.result, record.progress = "done", path.name, 1.0
+            except (JobCancelled, CancelledError):
+                continue                                      # DELETE removed its folder
+            except HttpRefusal as e:
+                record.state, record.error = "failed", e.message
+            except Exception as e:
+                traceback.print_exc()
+                record.state, record.error = "failed", " ".join(str(e).split()) or type(e).__name__
+            finally:
+                self._job_tickets.pop(job_id, None)
+            if job_id not in self._cancelled and self.spool.folder(job_id).is_dir():
+                self.spool.save(record)
+
+    def _run_job(self, record: JobRecord) -> tuple[Path, int]:
+        options = RequestOptions(**record.options)
+        prepared = self._prepare(self.spool.input_path(record), record.input_name, options)
+        record.progress = 0.5                                 # decoded, faces found: restoring
+        self.spool.save(record)
+        while True:                                           # long work waits for room instead of failing
+            if record.id in self._cancelled:
+                raise JobCancelled
+            try:
+                ticket = self.batcher.submit(prepared)
+                break
+            except QueueFull:
+                time.sleep(JOB_QUEUE_RETRY_S)
+        self._job_tickets[record.id] = ticket
+        ticket.future.result()
+        if record.id in self._cancelled:
+            raise JobCancelled
+        return self.steps.finish(prepared, self.spool.folder(record.id), options.ext), prepared.faces
+
+    # -- metrics -----------------------------------------------------------------------------------------------
+    def _queue_depth(self) -> int:
+        return 0 if self.batcher is None else self.batcher.stats.queued
+
+    def _gpu_memory(self) -> int:
+        if self.steps is None or self.steps.device.type != "cuda":
+            return 0
+        import torch  # heavy: torch, loaded by the build already
+
+        return int(torch.cuda.memory_allocated(self.steps.device))
+
+    def counters(self) -> dict[str, Any]:
+        stats = self.batcher.stats if self.batcher is not None else None
+        return {"generator_calls": stats.calls if stats else 0, "faces": stats.faces if stats else 0,
+                "faces_dropped": stats.dropped if stats else 0, "queued_faces": stats.queued if stats else 0}
+
+
+async def _within(awaitable: Awaitable[Any], deadline: float) -> Any:
+    try:
+        return await asyncio.wait_for(awaitable, max(0.001, deadline - time.monotonic()))
+    except asyncio.TimeoutError:
+        raise HttpRefusal(504, "not done within the request timeout") from None
+

@@ -1,0 +1,184 @@
+"""The service's three calls into the face pipeline, and the only module of `gpen_tune.serve` that touches it:
+
+    prepare(path, options)  decode, detect, align and cut one uploaded image (a `Prepared`: its faces to restore)
+    restore(faces)          one generator call (and its parse masks) for faces of any number of requests
+    finish(prepared, dir)   paste the restored faces back and encode the image into `dir`
+
+Everything here calls the pipeline's own homes (`Stages`, the `Restorer`, `FileSink`), so a response carries the
+pixels and the file format `gpen-tune enhance` writes for the same file; the batcher and the HTTP layer see only
+these calls.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpen_tune.imageio import ImageReadError
+from gpen_tune.pipeline.api import Pipeline
+from gpen_tune.pipeline.job import ImageJob
+from gpen_tune.pipeline.outputs import OutputNaming
+from gpen_tune.pipeline.scheduler import SchedulerConfig
+from gpen_tune.pipeline.settings import EnhanceSettings
+from gpen_tune.pipeline.sinks import FileSink
+from gpen_tune.pipeline.stages import Stages
+
+STAGES_KEPT = 16         # option combinations whose Stages are kept (strength is a float: bound the cache)
+
+
+class RequestError(ValueError):
+    """What a request asked for cannot be done here (one line; the HTTP layer answers 400)."""
+
+
+@dataclass(frozen=True)
+class RequestOptions:
+    """The per-request choices users know from `gpen-tune enhance`."""
+
+    strength: float = 1.0
+    only_center_face: bool = False
+    parse_mask: bool | None = None       # None: the server's setting
+    ext: str | None = None               # output format; None: the input's
+
+
+@dataclass
+class Prepared:
+    """One image after decode, detect and align: its job, the crops to restore and the stages that finish it."""
+
+    job: ImageJob
+    stages: Stages
+    crops: list[Any]
+    restored: list[np.ndarray | None] = field(default_factory=list)
+
+    @property
+    def faces(self) -> int:
+        return len(self.job.faces)
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return self.job.timings
+
+
+FaceRef = tuple[Prepared, int]           # one face of one request: (its image, the face's index)
+
+
+class Steps:
+    """prepare / restore / finish over a built `Pipeline` (one generator, one detector service, one parser).
+
+    `prepare` and `finish` may run on many threads at once; `restore` is called by one thread (the batcher)."""
+
+    def __init__(self, pipeline: Pipeline):
+        self.pipeline = pipeline
+        self._stages: dict[tuple, Stages] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def build(cls, settings: EnhanceSettings, tune: Any, notify: Callable[[str], None], model: Any = None) -> Steps:
+        """Load the generator, detector and parser now (a missing file fails here, before the server listens)."""
+        pipe = Pipeline(settings, tune, model=model, cut_on_device=False, notify=notify)
+        pipe.prepare()
+        return cls(pipe)
+
+    # -- what the batcher needs to know ---------------------------------------------------------------------------
+    @property
+    def limit(self) -> int:
+        """The most faces one generator call takes."""
+        return self.pipeline.restorer.limit
+
+    def take(self, pending: int) -> int:
+        """How many of `pending` faces the next generator call takes (the restorer's bucket policy)."""
+        return self.pipeline.restorer.take(pending)
+
+    @property
+    def device(self) -> Any:
+        return self.pipeline.device
+
+    def cpu_threads(self) -> int:
+        """torch's threads on the CPU while detection and the generator run at once (as the threaded runs)."""
+        return SchedulerConfig().cpu_threads()
+
+    def warm_up(self) -> None:
+        """One generator call on a grey crop, so the first request does not pay for lazy initialisation."""
+        size = self.pipeline.size
+        self.pipeline.restorer.submit([np.full((size, size, 3), 128, np.uint8)]).result()
+
+    # -- the three calls -----------------------------------------------------------------------------------------
+    def prepare(self, path: Path, name: str, options: RequestOptions) -> Prepared:
+        """Decode, detect, align and cut one image file; RequestError / ImageReadError for what cannot be used."""
+        stages = self._stages_for(options)
+        job = ImageJob(source=name, stem="result")
+        stages.prepare([job], [lambda: str(path)])
+        if job.status == "error":
+            raise ImageReadError(job.error or f"{name}: cannot be read")
+        crops = stages.crops(job)
+        return Prepared(job, stages, crops, [None] * len(crops))
+
+    def restore(self, faces: Sequence[FaceRef]) -> None:
+        """One generator call for `faces` (at most `limit`), their parse masks behind it; results on each Prepared."""
+        restorer = self.pipeline.restorer
+        pending = restorer.submit([p.crops[k] for p, k in faces])
+        source = pending.device_out
+        started = []
+        for idx, stages in self._parse_groups(faces):
+            rows = _rows(source, idx)
+            parse = stages.parse_batch([(faces[i][0].job, faces[i][1]) for i in idx], rows, device_paste=False)
+            started.append((idx, stages, rows, parse))
+        out = pending.result()
+        for idx, stages, rows, parse in started:     # a repaired batch (non-finite faces) is parsed again
+            stages.keep_masks(parse, rows if pending.device_out is source else _rows(pending.device_out, idx))
+        for (p, k), restored in zip(faces, out, strict=True):
+            p.restored[k] = restored
+
+    def finish(self, prepared: Prepared, folder: Path, ext: str | None) -> Path:
+        """Paste the restored faces back and write the image into `folder` (atomically, as `enhance` does)."""
+        job = prepared.job
+        prepared.stages.finish(job, prepared.restored)
+        sink = FileSink(OutputNaming(folder, ext=ext))
+        path = sink.write(job)
+        job.release()
+        if path is None:
+            raise ImageReadError(job.error or f"{job.source}: not written")
+        return path
+
+    def close(self) -> None:
+        self.pipeline.close()
+
+    # -- helpers -------------------------------------------------------------------------------------------------
+    def _stages_for(self, options: RequestOptions) -> Stages:
+        pipe = self.pipeline
+        use_parser = options.parse_mask is not False
+        if options.parse_mask and pipe.parser is None:
+            raise RequestError("parse_mask=true: this server has no ParseNet weights (start it with "
+                               "--parse-weights PATH)")
+        key = (options.strength, options.only_center_face, use_parser)
+        with self._lock:
+            stages = self._stages.get(key)
+            if stages is None:
+                if len(self._stages) >= STAGES_KEPT:
+                    self._stages.pop(next(iter(self._stages)))
+                settings = replace(pipe.settings, strength=options.strength,
+                                   only_center_face=options.only_center_face)
+                stages = Stages(settings, pipe.size, pipe.device, pipe.detector("thread"),
+                                pipe.parser if use_parser else None, face_crop=pipe.tune.face_crop,
+                                cut_on_device=False, paste_impl=pipe.paste_impl, notify=pipe.notify)
+                self._stages[key] = stages
+        return stages
+
+    @staticmethod
+    def _parse_groups(faces: Sequence[FaceRef]) -> list[tuple[list[int], Stages]]:
+        """Faces grouped by parser (with / without the mask): each group's masks are one parser call."""
+        groups: dict[int, tuple[list[int], Stages]] = {}
+        for i, (p, _) in enumerate(faces):
+            groups.setdefault(id(p.stages.parser), ([], p.stages))[0].append(i)
+        return list(groups.values())
+
+
+def _rows(batch: Any, idx: list[int]) -> Any:
+    """The rows `idx` of a restored batch (the batch itself when they are all of it, in order)."""
+    if batch is None or idx == list(range(batch.shape[0])):
+        return batch
+    return batch[idx]
