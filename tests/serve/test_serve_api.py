@@ -1,0 +1,247 @@
+"""`gpen_tune.serve` over real HTTP on 127.0.0.1 with real photos and the real offline detector: concurrent
+requests share generator calls and give `gpen-tune enhance`'s pixels; jobs; the limits; auth; a restart's spool.
+
+Stated tolerance: 2 grey levels per pixel against `enhance` (faces batched with other requests' faces change the
+float summation order, as the threaded scheduler's batches do: tests/pipeline/test_threads.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import typer
+from conftest_weights import checkpoint_file
+from model_configs import SMALLEST
+from serve_helpers import decoded, metric, photo_files, png_bomb, server_thread
+from typer.testing import CliRunner
+
+from gpen_tune.cli import app as cli_app
+from gpen_tune.load import load_model
+from gpen_tune.pipeline.settings import EnhanceSettings
+from gpen_tune.serve import ServeLimits
+from gpen_tune.serve.spool import JobSpool
+
+MODEL = "GPEN-BFR-256"
+TOLERANCE = 2
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> list[Path]:
+    return photo_files(tmp_path_factory.mktemp("photos"))
+
+
+@pytest.fixture(scope="module")
+def weights() -> Path:
+    return checkpoint_file(MODEL)
+
+
+@pytest.fixture(scope="module")
+def enhanced(photos, weights, tmp_path_factory) -> dict[str, bytes]:
+    """`gpen-tune enhance` on the same files (PNG outputs: pixels compared without a second JPEG encoding)."""
+    out = tmp_path_factory.mktemp("enhanced")
+    command = typer.main.get_command(cli_app)
+    argv = ["enhance"] if hasattr(command, "commands") else []
+    res = CliRunner().invoke(cli_app, argv + [str(p) for p in photos] + [
+        "-o", str(out), "--weights", str(weights), "--model", MODEL, "--detector", "mtcnn", "--device", "cpu",
+        "--ext", "png", "--suffix", "_x"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return {p.name: (out / f"{p.stem}_x.png").read_bytes() for p in photos}
+
+
+@pytest.fixture(scope="module")
+def batching_server(weights, tmp_path_factory):
+    """GPEN-BFR-256 from a checkpoint in the official layout; a face waits up to 10 s for 3 others (batch 4)."""
+    settings = EnhanceSettings(model=MODEL, weights=str(weights), detector="mtcnn", device="cpu", batch_size=4)
+    with server_thread(settings=settings, spool=tmp_path_factory.mktemp("spool"),
+                       limits=ServeLimits(max_wait_ms=10_000)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    return load_model("synthetic", model=SMALLEST, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def strict_server(small_model, tmp_path_factory):
+    """A token, one queued face at most, 1 MB uploads, 1 megapixel, 5 s per request; a face waits for a batch
+    (of 4) for up to 60 s, so it stays queued while the test looks."""
+    limits = ServeLimits(max_upload_bytes=2**20, max_pixels=1_000_000, max_queue_faces=1, request_timeout_s=5,
+                         max_wait_ms=60_000)
+    settings = EnhanceSettings(weights="synthetic", detector="mtcnn", device="cpu", batch_size=4)
+    with server_thread(settings=settings, model=small_model, spool=tmp_path_factory.mktemp("strict"),
+                       limits=limits, token=TOKEN) as url:
+        yield url
+
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def post(url: str, path: Path, **params) -> httpx.Response:
+    kind = "image/png" if path.suffix == ".png" else "image/jpeg"
+    return httpx.post(f"{url}/v1/enhance", params=params, content=path.read_bytes(),
+                      headers={"Content-Type": kind}, timeout=300)
+
+
+def test_concurrent_requests_share_generator_calls_and_give_enhance_pixels(batching_server, photos, enhanced):
+    url = batching_server
+    calls, faces = metric(url, "gpen_serve_generator_calls_total"), metric(url, "gpen_serve_faces_total")
+    with ThreadPoolExecutor(len(photos)) as pool:
+        responses = list(pool.map(lambda p: post(url, p, ext="png"), photos))
+    calls = metric(url, "gpen_serve_generator_calls_total") - calls
+    faces = metric(url, "gpen_serve_faces_total") - faces
+    assert faces == len(photos) == 4
+    assert calls < faces                                   # faces of different requests shared a call
+    for path, r in zip(photos, responses, strict=True):
+        assert r.status_code == 200, r.text
+        assert r.headers["x-faces"] == "1" and r.headers["content-type"] == "image/png"
+        assert "detect;dur=" in r.headers["server-timing"]
+        ours, theirs = decoded(r.content), decoded(enhanced[path.name])
+        assert ours.shape == theirs.shape
+        assert np.abs(ours - theirs).max() <= TOLERANCE, path.name
+        assert np.abs(ours - decoded(path.read_bytes())).max() > 10   # the face was restored, not passed through
+
+
+def test_job_runs_through_the_spool_and_answers_in_the_input_format(batching_server, photos, enhanced):
+    url = batching_server
+    jpeg = next(p for p in photos if p.suffix == ".jpg")
+    r = httpx.post(f"{url}/v1/jobs", files={"file": (jpeg.name, jpeg.read_bytes(), "image/jpeg")}, timeout=60)
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["state"] == "queued" and r.headers["location"] == f"/v1/jobs/{job['id']}"
+    state = job
+    deadline = time.monotonic() + 300
+    while state["state"] in ("queued", "running") and time.monotonic() < deadline:
+        time.sleep(0.3)
+        state = httpx.get(f"{url}/v1/jobs/{job['id']}").json()
+    assert state["state"] == "done" and state["progress"] == 1.0 and state["faces"] == 1, state
+    result = httpx.get(f"{url}/v1/jobs/{job['id']}/result")
+    assert result.status_code == 200 and result.headers["content-type"] == "image/jpeg"
+    assert decoded(result.content).shape == decoded(enhanced[jpeg.name]).shape
+    gone = httpx.delete(f"{url}/v1/jobs/{job['id']}")
+    assert gone.status_code == 200
+    assert httpx.get(f"{url}/v1/jobs/{job['id']}").status_code == 404
+    assert httpx.get(f"{url}/v1/jobs/{job['id']}/result").status_code == 404
+
+
+def test_health_ready_metrics_and_openapi(batching_server):
+    url = batching_server
+    assert httpx.get(f"{url}/healthz").json() == {"status": "alive"}
+    ready = httpx.get(f"{url}/readyz").json()
+    assert ready["status"] == "ready" and ready["device"] == "cpu"
+    text = httpx.get(f"{url}/metrics").text
+    for name in ("gpen_serve_requests_total", "gpen_serve_request_seconds_bucket", "gpen_serve_faces_total",
+                 "gpen_serve_faces_per_generator_call_bucket", "gpen_serve_queue_faces",
+                 "gpen_serve_gpu_memory_bytes"):
+        assert name in text
+    paths = httpx.get(f"{url}/openapi.json").json()["paths"]
+    assert {"/v1/enhance", "/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/result", "/healthz", "/readyz",
+            "/metrics"} <= set(paths)
+    params = {p["name"] for p in paths["/v1/enhance"]["post"]["parameters"]}
+    assert {"strength", "only_center_face", "parse_mask", "ext", "response"} <= params
+
+
+def test_token_is_required_and_checked(strict_server, photos):
+    url = strict_server
+    assert httpx.get(f"{url}/healthz").status_code == 200             # probes need no token
+    assert httpx.get(f"{url}/metrics").status_code == 401
+    r = post(url, photos[0])
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer" and "token" in r.json()["error"]
+    r = httpx.get(f"{url}/metrics", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+    assert httpx.get(f"{url}/metrics", headers=AUTH).status_code == 200
+
+
+def test_refusals_are_clear_json_errors(strict_server, photos):
+    url = strict_server
+
+    def send(data: bytes, kind: str = "image/png") -> httpx.Response:
+        return httpx.post(f"{url}/v1/enhance", content=data, headers={**AUTH, "Content-Type": kind}, timeout=60)
+
+    r = send(png_bomb())                                   # 10^10 pixels claimed: refused from the header
+    assert r.status_code == 413 and "pixels" in r.json()["error"], r.text
+    r = send(png_bomb(1200, 1000))                         # just over this server's 1 megapixel
+    assert r.status_code == 413 and "1.2 megapixels" in r.json()["error"]
+    r = send(b"\0" * (2**20 + 1), "application/octet-stream")
+    assert r.status_code == 413 and "limit" in r.json()["error"]
+    r = send(b"just some text", "text/plain")
+    assert r.status_code == 415
+    gif = httpx.post(f"{url}/v1/enhance", content=_gif(), headers={**AUTH, "Content-Type": "image/gif"})
+    assert gif.status_code == 415 and "GIF" in gif.json()["error"]
+    jpeg = next(p for p in photos if p.suffix == ".jpg").read_bytes()
+    r = send(jpeg[: len(jpeg) // 3], "image/jpeg")         # a header that reads, pixels that do not
+    assert r.status_code == 400, r.text
+    r = httpx.post(f"{url}/v1/enhance", params={"ext": "gif"}, content=jpeg, headers=AUTH)
+    assert r.status_code == 400 and "ext=gif" in r.json()["error"]
+    r = httpx.post(f"{url}/v1/enhance", params={"strength": 2}, content=jpeg, headers=AUTH)
+    assert r.status_code == 422
+
+
+def test_queue_full_timeout_and_client_gone(strict_server, photos):
+    """One face waits in the queue (its batch of 4 never fills): a second request finds the queue full (503), the
+    first ends at the request timeout (504) and its face is dropped; a client that hangs up has its face dropped."""
+    url = strict_server
+    small = next(p for p in photos if p.name == "hopper_small.png")
+    first: dict = {}
+    waiting = threading.Thread(target=lambda: first.update(r=_post_auth(url, small)))
+    dropped = metric(url, "gpen_serve_faces_dropped_total", AUTH)
+    waiting.start()
+    _until(lambda: metric(url, "gpen_serve_queue_faces", AUTH) == 1)
+    busy = _post_auth(url, small)
+    assert busy.status_code == 503 and busy.headers["retry-after"] == "1" and "busy" in busy.json()["error"]
+    waiting.join()
+    assert first["r"].status_code == 504 and "timeout" in first["r"].json()["error"]
+    _until(lambda: metric(url, "gpen_serve_queue_faces", AUTH) == 0)
+    assert metric(url, "gpen_serve_faces_dropped_total", AUTH) == dropped + 1
+    with pytest.raises(httpx.ReadTimeout):                # the client gives up while its face is queued
+        _post_auth(url, small, timeout=httpx.Timeout(60, read=1.5))
+    _until(lambda: metric(url, "gpen_serve_faces_dropped_total", AUTH) == dropped + 2)
+    assert metric(url, "gpen_serve_queue_faces", AUTH) == 0
+
+
+def test_restart_queues_again_the_jobs_it_finds_in_the_spool(small_model, photos, tmp_path):
+    """A server killed with a job running and one queued: the next server on that spool runs both, saying so."""
+    spool = tmp_path / "spool"
+    earlier = JobSpool(spool / "jobs", 2**30, 3600)
+    png = photos[0]
+    running = earlier.create(png.read_bytes(), png.name, "png", {"strength": 1.0, "only_center_face": False,
+                                                                  "parse_mask": None, "ext": None})
+    running.state = "running"
+    earlier.save(running)
+    queued = earlier.create(png.read_bytes(), png.name, "png", {"strength": 0.5, "only_center_face": False,
+                                                                 "parse_mask": None, "ext": "jpg"})
+    settings = EnhanceSettings(weights="synthetic", detector="mtcnn", device="cpu")
+    with server_thread(settings=settings, model=small_model, spool=spool) as url:
+        for job, kind in ((running, "image/png"), (queued, "image/jpeg")):
+            _until(lambda j=job: httpx.get(f"{url}/v1/jobs/{j.id}").json()["state"] == "done")
+            state = httpx.get(f"{url}/v1/jobs/{job.id}").json()
+            assert "restart" in state["note"] and state["faces"] == 1
+            assert httpx.get(f"{url}/v1/jobs/{job.id}/result").headers["content-type"] == kind
+
+
+def _post_auth(url: str, path: Path, timeout=60) -> httpx.Response:
+    return httpx.post(f"{url}/v1/enhance", content=path.read_bytes(), headers={**AUTH, "Content-Type": "image/png"},
+                      timeout=timeout)
+
+
+def _until(check, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.1)
+
+
+def _gif() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("P", (8, 8)).save(buf, format="GIF")
+    return buf.getvalue()
