@@ -4,6 +4,9 @@ shutdown, then the app's: the job in progress completes, queued jobs stay in the
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Iterator
 from typing import Any
 
 from gpen_tune.serve.limits import TOKEN_ENV, is_loopback
@@ -27,6 +30,18 @@ def run_server(app: Any, host: str, port: int, log_level: str = "info") -> None:
     """Serve until SIGTERM / SIGINT; returns after the drain."""
     import uvicorn  # optional: the serve extra
 
+    class DrainingServer(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            """SIGTERM / SIGINT start the drain; a drained stop exits 0 (uvicorn's own handler raises the signal
+            again after it, so that the process would end by the signal)."""
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=DRAIN_TIMEOUT_S)
-    uvicorn.Server(config).run()
+    DrainingServer(config).run()

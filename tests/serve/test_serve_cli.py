@@ -1,0 +1,77 @@
+"""`gpen-tune serve` as users start it: the extra's absence, the weights and bind rules (one line, exit 1), and
+SIGTERM on a real child process draining the request in flight before it exits."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+import httpx
+import pytest
+import typer
+from conftest_weights import checkpoint_file
+from serve_helpers import metric, photo_files, serve_process
+from typer.testing import CliRunner
+
+from gpen_tune.cli import app
+from gpen_tune.serve import MISSING_EXTRA
+
+
+def invoke(args: list[str]):
+    command = typer.main.get_command(app)
+    argv = (["serve"] if hasattr(command, "commands") else []) + args
+    return CliRunner().invoke(app, argv, catch_exceptions=False)
+
+
+def test_without_the_extra_one_line_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "fastapi", None)      # as if the serve extra were not installed
+    res = invoke(["--weights", "synthetic"])
+    assert res.exit_code == 1
+    assert [ln for ln in res.output.splitlines() if ln.strip()] == [f"error: {MISSING_EXTRA}"]
+
+
+def test_refuses_to_start_without_weights():
+    res = invoke(["--device", "cpu"])
+    assert res.exit_code == 1 and "needs --weights" in res.output and "synthetic" in res.output
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--host", "0.0.0.0"], "--no-auth"),
+    (["--host", "192.0.2.7", "--token", "t", "--no-auth"], "contradict"),
+])
+def test_beyond_loopback_needs_a_token_or_no_auth(args, says, monkeypatch):
+    monkeypatch.delenv("GPEN_TUNE_TOKEN", raising=False)
+    res = invoke(args + ["--weights", "synthetic", "--device", "cpu"])
+    assert res.exit_code == 1 and says in res.output
+    assert "SYNTHETIC" not in res.output                  # refused before any model was built
+
+
+def test_help_lists_the_options():
+    res = invoke(["--help"])
+    assert res.exit_code == 0
+    for flag in ("--host", "--port", "--token", "--no-auth", "--weights", "--preset", "--spool", "--max-upload-mb",
+                 "--max-megapixels", "--max-queue-faces", "--timeout", "--max-wait-ms"):
+        assert flag in res.output
+
+
+@pytest.mark.slow
+def test_sigterm_drains_the_request_in_flight_then_exits(tmp_path):
+    """The face waits for a batch (up to 4 s) when SIGTERM arrives: the response still comes, then the process
+    exits 0."""
+    photo = photo_files(tmp_path / "photos")[2]
+    args = ["--weights", str(checkpoint_file("GPEN-BFR-256")), "--model", "GPEN-BFR-256", "--device", "cpu",
+            "--detector", "mtcnn", "--batch-size", "4", "--max-wait-ms", "4000"]
+    with serve_process(args, tmp_path) as (url, proc):
+        answer: dict = {}
+        client = threading.Thread(target=lambda: answer.update(r=httpx.post(
+            f"{url}/v1/enhance", content=photo.read_bytes(), headers={"Content-Type": "image/png"}, timeout=120)))
+        client.start()
+        while metric(url, "gpen_serve_queue_faces") < 1:     # the face is queued: the request is in flight
+            assert client.is_alive()
+        proc.send_signal(signal.SIGTERM)
+        client.join()
+        assert proc.wait(timeout=120) == 0
+        out = proc.stdout.read()
+    assert answer["r"].status_code == 200 and answer["r"].headers["x-faces"] == "1", out
+    assert "Shutting down" in out or "shutdown" in out.lower()
