@@ -4,8 +4,11 @@
 # it took and how large .venv is.
 # Usage: sh scripts/setup.sh [--dev]      (--dev adds pytest (+ xdist), ruff and the optional extras the tests cover: Ray
 #                                          for --ray, spandrel for --bg-upsampler, onnx + onnxruntime for export
-#                                          and --backend onnxruntime; the versions the golden
-#                                          outputs were made with: tests/constraints.txt)
+#                                          and --backend onnxruntime, the serve extra (FastAPI, uvicorn,
+#                                          prometheus-client, python-multipart) with httpx and selenium for its
+#                                          tests; the versions the golden outputs were made with:
+#                                          tests/constraints.txt; and, with apt-get as root, Debian's chromium and
+#                                          chromium-driver for the web page's test, installed only when missing)
 set -eu
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -23,8 +26,8 @@ extras=""
 with_dev=""
 pins=""
 if [ "${1:-}" = "--dev" ]; then
-    extras="[dev,ray,upscale,onnx]"
-    with_dev=", with pytest (+ xdist), ruff, Ray, spandrel, onnx and onnxruntime (OpenCV pinned to the goldens' version: tests/constraints.txt)"
+    extras="[dev,ray,upscale,onnx,serve]"
+    with_dev=", with pytest (+ xdist), ruff, Ray, spandrel, onnx and onnxruntime, the serve extra (OpenCV pinned to the goldens' version: tests/constraints.txt)"
     pins="-c tests/constraints.txt"
 fi
 
@@ -40,6 +43,19 @@ $PIP install --progress-bar on -e ".${extras}" $pins
 # torch<2.3 although the code runs on current torch, hence --no-deps (its real needs are installed above).
 step "3/3 facenet-pytorch 2.6.0 (--no-deps): the offline MTCNN face detector, its weights inside the wheel"
 $PIP install --progress-bar on --no-deps "facenet-pytorch==2.6.0"
+
+if [ "${1:-}" = "--dev" ]; then
+    # the web page's test drives a real headless Chromium; Debian's packages, installed once (as root, with apt)
+    if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
+        step "chromium and chromium-driver: already installed"
+    elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        step "chromium and chromium-driver (Debian packages) for the web page's test"
+        apt-get update -q
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver
+    else
+        step "chromium / chromium-driver missing and not installable here (needs root and apt-get): the web page's test will be skipped"
+    fi
+fi
 
 step "check"
 .venv/bin/python -c "import gpen_tune, torch; print(f'gpen-tune {gpen_tune.__version__} ready (torch {torch.__version__})')"
