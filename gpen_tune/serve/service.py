@@ -60,6 +60,7 @@ class Service:
         self._job_tickets: dict[str, Ticket] = {}
         self._cancelled: set[str] = set()
         self._job_thread: threading.Thread | None = None
+        self._stopping = threading.Event()
         self._loader = threading.Thread(target=self._load, name="gpen-serve-load", daemon=True)
 
     # -- life --------------------------------------------------------------------------------------------------
@@ -91,6 +92,7 @@ class Service:
     def close(self) -> None:
         """After the server stopped taking requests: the job in progress completes, queued jobs stay queued in
         the spool (the next server takes them), the batcher restores what is queued, the models are released."""
+        self._stopping.set()
         if self._job_thread is not None:
             self._jobs.put(None)
             self._job_thread.join()
@@ -182,7 +184,7 @@ class Service:
     def _job_loop(self) -> None:
         while True:
             job_id = self._jobs.get()
-            if job_id is None:
+            if job_id is None or self._stopping.is_set():      # the rest stays queued in the spool
                 return
             record = self.spool.get(job_id)
             if record is None or record.state != "queued" or job_id in self._cancelled:
@@ -210,7 +212,7 @@ class Service:
         record.progress = 0.5                                 # decoded, faces found: restoring
         self.spool.save(record)
         while True:                                           # long work waits for room instead of failing
-            if record.id in self._cancelled:
+            if record.id in self._cancelled or self._stopping.is_set():
                 raise JobCancelled
             try:
                 ticket = self.batcher.submit(prepared)

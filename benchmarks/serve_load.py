@@ -1,0 +1,177 @@
+"""Load on `gpen-tune serve`: K concurrent clients on loopback against the same requests sent one at a time, in
+one run (one at a time, K clients, one at a time again: A/B/A), against a real `gpen-tune serve` child process.
+
+Reports requests/s, faces/s, p50/p95/p99 latency and faces per generator call (from the server's /metrics) per
+phase, and the ratio of the K-client throughput to the mean of the two one-at-a-time phases; the JSON goes to
+benchmarks/results/ (results_file.write_result). Requests are single-face photos built from the bundled ones
+(JPEG, as users send them).
+
+CPU, as measured here (2 cores):
+    python benchmarks/serve_load.py --device cpu --model GPEN-BFR-256 --weights synthetic --clients 4 \\
+        --requests 32 --batch-size 4
+
+H200 (the issue's target: >= 500 faces/s from 64 concurrent single-face clients, p99 <= 300 ms):
+    python benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic --preset speed \\
+        --detector mtcnn --clients 64 --requests 2048 --sequential-requests 64 --batch-size 64 --max-wait-ms 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_file import write_result  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def photos(count: int) -> list[bytes]:
+    """Single-face JPEGs: the bundled astronaut and Grace Hopper at a few sizes (distinct requests)."""
+    from gpen_tune.face import samples
+
+    sources = [samples.astronaut(), samples.grace_hopper()]
+    out = []
+    for i in range(count):
+        img = Image.fromarray(sources[i % 2])
+        scale = (0.75, 0.875, 1.0)[(i // 2) % 3]
+        img = img.resize((int(img.width * scale), int(img.height * scale)))
+        buf = io.BytesIO()
+        img.save(buf, format="JPEG", quality=90)
+        out.append(buf.getvalue())
+    return out
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def run_phase(url: str, bodies: list[bytes], clients: int) -> dict:
+    """Every body once, from `clients` threads each with its own connection; latencies and counts."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    todo = iter(range(len(bodies)))
+    calls0, faces0 = metric(url, "gpen_serve_generator_calls_total"), metric(url, "gpen_serve_faces_total")
+
+    def client() -> None:
+        with httpx.Client(timeout=600) as http:
+            while True:
+                with lock:
+                    i = next(todo, None)
+                if i is None:
+                    return
+                t = time.perf_counter()
+                r = http.post(f"{url}/v1/enhance", content=bodies[i], headers={"Content-Type": "image/jpeg"})
+                dt = time.perf_counter() - t
+                with lock:
+                    latencies.append(dt)
+                    if r.status_code != 200:
+                        errors.append(f"{r.status_code}: {r.text[:200]}")
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    wall = time.perf_counter() - t0
+    calls = metric(url, "gpen_serve_generator_calls_total") - calls0
+    faces = metric(url, "gpen_serve_faces_total") - faces0
+    q = np.percentile(latencies, [50, 95, 99])
+    return {"clients": clients, "requests": len(bodies), "errors": len(errors), "first_errors": errors[:3],
+            "wall_s": round(wall, 3), "requests_per_s": round(len(bodies) / wall, 3),
+            "faces_per_s": round(faces / wall, 3), "faces": faces, "generator_calls": calls,
+            "faces_per_generator_call": round(faces / calls, 3) if calls else None,
+            "latency_s": {"p50": round(float(q[0]), 4), "p95": round(float(q[1]), 4), "p99": round(float(q[2]), 4),
+                          "mean": round(statistics.mean(latencies), 4)}}
+
+
+def start_server(args: argparse.Namespace, spool: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "gpen_tune", "serve", "--port", str(port), "--spool", str(spool),
+           "--model", args.model, "--weights", args.weights, "--device", args.device, "--detector", args.detector,
+           "--max-wait-ms", str(args.max_wait_ms), "--max-queue-faces", str(max(256, 4 * args.clients))]
+    if args.batch_size:
+        cmd += ["--batch-size", str(args.batch_size)]
+    if args.preset:
+        cmd += ["--preset", args.preset]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"gpen-tune serve exited with {proc.returncode}: {' '.join(cmd)}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("gpen-tune serve did not become ready")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="GPEN-BFR-256")
+    ap.add_argument("--weights", default="synthetic")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--detector", default="mtcnn")
+    ap.add_argument("--preset", default=None)
+    ap.add_argument("--batch-size", type=int, default=None)
+    ap.add_argument("--max-wait-ms", type=float, default=5.0)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=32, help="requests of the K-client phase")
+    ap.add_argument("--sequential-requests", type=int, default=None, help="of each one-at-a-time phase "
+                    "(default: --requests)")
+    ap.add_argument("--warmup", type=int, default=4, help="requests sent first, not counted")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    args = ap.parse_args()
+    seq_n = args.sequential_requests or args.requests
+    bodies = photos(max(args.requests, seq_n))
+    spool = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpen-serve-load-{os.getpid()}"
+    proc, url = start_server(args, spool)
+    try:
+        run_phase(url, bodies[: args.warmup], min(args.clients, args.warmup))
+        phases = {"one_at_a_time_a": run_phase(url, bodies[:seq_n], 1),
+                  "concurrent": run_phase(url, bodies[: args.requests], args.clients),
+                  "one_at_a_time_b": run_phase(url, bodies[:seq_n], 1)}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=600)
+    base = (phases["one_at_a_time_a"]["requests_per_s"] + phases["one_at_a_time_b"]["requests_per_s"]) / 2
+    result = {"benchmark": "serve_load", "args": vars(args) | {"out": str(args.out)}, "phases": phases,
+              "throughput_ratio": round(phases["concurrent"]["requests_per_s"] / base, 3),
+              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                          "load_avg_start_end": os.getloadavg()}}
+    path = write_result(args.out, f"serve_load_{args.device}_{args.model}_k{args.clients}", result)
+    for name, p in phases.items():
+        print(f"{name:16s} {p['clients']:3d} clients  {p['requests_per_s']:7.2f} req/s  {p['faces_per_s']:7.2f} "
+              f"faces/s  p50 {p['latency_s']['p50'] * 1000:7.0f} ms  p95 {p['latency_s']['p95'] * 1000:7.0f} ms  "
+              f"p99 {p['latency_s']['p99'] * 1000:7.0f} ms  faces/call {p['faces_per_generator_call']}  "
+              f"errors {p['errors']}")
+    print(f"K-client throughput / one at a time: {result['throughput_ratio']:.2f}x  -> {path}")
+
+
+if __name__ == "__main__":
+    main()
