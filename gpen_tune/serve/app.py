@@ -70,6 +70,10 @@ def create_app(settings: Any = None, tune: Any = None, *, spool: str | Path = "g
     async def refused(request: Request, exc: HttpRefusal) -> JSONResponse:
         return JSONResponse({"error": exc.message, "status": exc.status}, exc.status, headers=exc.headers)
 
+    @app.exception_handler(Exception)
+    async def failed(request: Request, exc: Exception) -> JSONResponse:   # a bug or a device error: still JSON
+        return JSONResponse({"error": " ".join(str(exc).split()) or type(exc).__name__, "status": 500}, 500)
+
     auth = _auth_dependency(token)
     _health_routes(app, service, auth)
     _enhance_route(app, service, limits, auth)
