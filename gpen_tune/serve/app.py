@@ -20,16 +20,18 @@ from typing import Any
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from gpen_tune import __version__
 from gpen_tune.serve.limits import HttpRefusal, ServeLimits, check_ext, check_header, token_matches
 from gpen_tune.serve.service import Restored, Service
 from gpen_tune.serve.spool import SpoolFull
-from gpen_tune.serve.steps import RequestOptions, Steps
+from gpen_tune.serve.steps import VIDEO_EXTS, RequestOptions, Steps
 
 MEDIA_TYPES = {"jpg": "image/jpeg", "jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp",
-               "bmp": "image/bmp", "tif": "image/tiff", "tiff": "image/tiff"}
+               "bmp": "image/bmp", "tif": "image/tiff", "tiff": "image/tiff", "mp4": "video/mp4",
+               "mov": "video/quicktime", "mkv": "video/x-matroska", "webm": "video/webm"}
 IMAGE_BODY = {"requestBody": {"required": True, "description": "The image: a raw body (image/jpeg, image/png, ...) "
                               "or multipart/form-data with a `file` part.",
                               "content": {"image/*": {"schema": {"type": "string", "format": "binary"}},
@@ -58,8 +60,6 @@ def create_app(settings: Any = None, tune: Any = None, *, spool: str | Path = "g
     async def lifespan(app: FastAPI):
         service.start()
         yield
-        from starlette.concurrency import run_in_threadpool
-
         await run_in_threadpool(service.close)
 
     app = FastAPI(title="gpen-tune serve", version=__version__, lifespan=lifespan,
@@ -149,15 +149,16 @@ def _image_response(result: Restored, kind: str) -> Response:
 
 def _job_routes(app: FastAPI, service: Service, limits: ServeLimits, auth) -> None:
     @app.post("/v1/jobs", status_code=202, tags=["jobs"], openapi_extra=IMAGE_BODY,
-              summary="Queue an image as a job (its files live in the spool until they expire)")
+              summary="Queue an image or a video as a job (its files live in the spool until they expire)")
     async def create_job(request: Request, _: None = Depends(auth), strength: float = Query(1.0, ge=0.0, le=1.0),
                          only_center_face: bool = Query(False), parse_mask: bool | None = Query(None),
                          ext: str | None = Query(None)) -> JSONResponse:
         data, name = await read_upload(request, limits)
-        in_ext = check_header(data, name, limits.max_pixels)
-        options = RequestOptions(strength, only_center_face, parse_mask, check_ext(ext))
+        kind, in_ext = await run_in_threadpool(service.job_kind, data, name)
+        out_ext = check_ext(ext, VIDEO_EXTS) if kind == "video" else check_ext(ext)
+        options = RequestOptions(strength, only_center_face, parse_mask, out_ext)
         try:
-            record = service.submit_job(data, name, in_ext, options)
+            record = service.submit_job(data, name, kind, in_ext, options)
         except SpoolFull as e:
             raise HttpRefusal(507, str(e)) from None
         return JSONResponse(record.public(), 202, headers={"Location": f"/v1/jobs/{record.id}"})

@@ -58,12 +58,13 @@ def check_header(data: bytes, name: str, max_pixels: int) -> str:
     return FORMAT_TO_EXT[fmt]
 
 
-def check_ext(ext: str | None) -> str | None:
+def check_ext(ext: str | None, allowed: tuple[str, ...] = tuple(EXT_TO_FORMAT)) -> str | None:
+    """The output format asked for, one of `allowed` (photo formats; a video job's: video containers)."""
     if ext is None or ext == "":
         return None
     e = ext.lower().lstrip(".")
-    if e not in EXT_TO_FORMAT:
-        raise HttpRefusal(400, f"ext={ext}: use one of {', '.join(EXT_TO_FORMAT)}")
+    if e not in allowed:
+        raise HttpRefusal(400, f"ext={ext}: use one of {', '.join(allowed)}")
     return e
 
 

@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gpen_tune.imageio import ImageReadError
 from gpen_tune.serve.batcher import FaceBatcher, QueueFull, Ticket
-from gpen_tune.serve.limits import HttpRefusal, ServeLimits
+from gpen_tune.serve.limits import HttpRefusal, ServeLimits, check_header
 from gpen_tune.serve.metrics import ServeMetrics
 from gpen_tune.serve.spool import JobRecord, JobSpool
 from gpen_tune.serve.steps import RequestError, RequestOptions, Steps
@@ -161,9 +161,31 @@ class Service:
         self.metrics.dropped.inc(self.batcher.stats.dropped - before)
 
     # -- jobs --------------------------------------------------------------------------------------------------
-    def submit_job(self, data: bytes, name: str, ext: str, options: RequestOptions) -> JobRecord:
+    def job_kind(self, data: bytes, name: str) -> tuple[str, str]:
+        """("image" | "video", the extension to store it under): an image from its header alone, else a video
+        from its container (probed in a file: 415 when it is neither, 413 for frames above the pixel limit)."""
+        try:
+            return "image", check_header(data, name, self.limits.max_pixels)
+        except HttpRefusal as refusal:
+            if refusal.status != 415:
+                raise
         self.check_ready()
-        record = self.spool.create(data, name, ext, asdict(options))
+        with tempfile.NamedTemporaryFile(dir=self.work_dir) as f:
+            f.write(data)
+            f.flush()
+            try:
+                ext, width, height = self.steps.video_info(Path(f.name), name)
+            except RequestError:
+                raise HttpRefusal(415, f"{name}: neither an image nor a video this server reads (images: JPEG, "
+                                  "PNG, WebP, BMP, TIFF; videos: what FFmpeg decodes)") from None
+        if width * height > self.limits.max_pixels:
+            raise HttpRefusal(413, f"{name}: frames of {width}x{height} are above this server's limit of "
+                              f"{self.limits.max_pixels / 1e6:.1f} megapixels")
+        return "video", ext
+
+    def submit_job(self, data: bytes, name: str, kind: str, ext: str, options: RequestOptions) -> JobRecord:
+        self.check_ready()
+        record = self.spool.create(data, name, ext, asdict(options), kind)
         self._jobs.put(record.id)
         return record
 
@@ -208,6 +230,8 @@ class Service:
 
     def _run_job(self, record: JobRecord) -> tuple[Path, int]:
         options = RequestOptions(**record.options)
+        if record.kind == "video":
+            return self._run_video(record, options)
         prepared = self._prepare(self.spool.input_path(record), record.input_name, options)
         record.progress = 0.5                                 # decoded, faces found: restoring
         self.spool.save(record)
@@ -224,6 +248,23 @@ class Service:
         if record.id in self._cancelled:
             raise JobCancelled
         return self.steps.finish(prepared, self.spool.folder(record.id), options.ext), prepared.faces
+
+    def _run_video(self, record: JobRecord, options: RequestOptions) -> tuple[Path, int]:
+        last = [0.0]
+
+        def progress(share: float) -> None:
+            if record.id in self._cancelled or self._stopping.is_set():
+                raise KeyboardInterrupt              # the video run's own stop: nothing is written
+            record.progress = round(share, 3)
+            if share - last[0] >= 0.05:              # job.json rewritten every 5 %
+                last[0] = share
+                self.spool.save(record)
+
+        path, faces = self.steps.enhance_video(self.spool.input_path(record), self.spool.folder(record.id),
+                                               options, progress)
+        if path is None:
+            raise JobCancelled
+        return path, faces
 
     # -- metrics -----------------------------------------------------------------------------------------------
     def _queue_depth(self) -> int:

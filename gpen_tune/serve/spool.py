@@ -34,6 +34,7 @@ class JobRecord:
     result: str | None = None           # file name inside the job's folder
     error: str | None = None
     note: str | None = None
+    kind: str = "image"                 # image | video
 
     def public(self) -> dict[str, Any]:
         """What `GET /v1/jobs/{id}` shows."""
@@ -63,14 +64,14 @@ class JobSpool:
     def input_path(self, record: JobRecord) -> Path:
         return self.folder(record.id) / f"input.{record.input_ext}"
 
-    def create(self, data: bytes, name: str, ext: str, options: dict[str, Any]) -> JobRecord:
+    def create(self, data: bytes, name: str, ext: str, options: dict[str, Any], kind: str = "image") -> JobRecord:
         """A queued job with its upload on disk; SpoolFull when the quota would be passed."""
         self.expire()
         with self._lock:
             if self.used_bytes() + len(data) > self.quota_bytes:
                 raise SpoolFull(f"the job spool is full ({self.quota_bytes / 2**20:.0f} MiB): retry when jobs "
                                 "have expired, or delete finished ones")
-            record = JobRecord(uuid.uuid4().hex, "queued", name, ext, options)
+            record = JobRecord(uuid.uuid4().hex, "queued", name, ext, options, kind=kind)
             folder = self.folder(record.id)
             folder.mkdir()
             _atomic_write(self.input_path(record), data)

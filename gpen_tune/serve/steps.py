@@ -4,6 +4,8 @@
     restore(faces)          one generator call (and its parse masks) for faces of any number of requests
     finish(prepared, dir)   paste the restored faces back and encode the image into `dir`
 
+plus `enhance_video` for video jobs: the pipeline's own video run, on the same generator (`SharedRestorer`).
+
 Everything here calls the pipeline's own homes (`Stages`, the `Restorer`, `FileSink`), so a response carries the
 pixels and the file format `gpen-tune enhance` writes for the same file; the batcher and the HTTP layer see only
 these calls.
@@ -22,12 +24,13 @@ import numpy as np
 from gpen_tune.imageio import ImageReadError
 from gpen_tune.pipeline.api import Pipeline
 from gpen_tune.pipeline.job import ImageJob
-from gpen_tune.pipeline.outputs import OutputNaming
+from gpen_tune.pipeline.outputs import VIDEO_OUTPUTS, OutputNaming
 from gpen_tune.pipeline.scheduler import SchedulerConfig
 from gpen_tune.pipeline.settings import EnhanceSettings
 from gpen_tune.pipeline.sinks import FileSink
 from gpen_tune.pipeline.stages import Stages
 
+VIDEO_EXTS = VIDEO_OUTPUTS              # what a video job may be written as
 STAGES_KEPT = 16         # option combinations whose Stages are kept (strength is a float: bound the cache)
 
 
@@ -66,6 +69,25 @@ class Prepared:
 FaceRef = tuple[Prepared, int]           # one face of one request: (its image, the face's index)
 
 
+class SharedRestorer:
+    """The one restorer for the batcher and a video job's scheduler at once: each batch is submitted and collected
+    under a lock, so neither caller has a batch pending (in the restorer's staging buffers) while the other
+    submits. Everything else is the restorer's."""
+
+    def __init__(self, restorer: Any):
+        self._restorer = restorer
+        self._lock = threading.Lock()
+
+    def submit(self, crops: Sequence[Any], download: bool = True) -> Any:
+        with self._lock:
+            batch = self._restorer.submit(crops, download=download)
+            batch.result()
+        return batch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._restorer, name)
+
+
 class Steps:
     """prepare / restore / finish over a built `Pipeline` (one generator, one detector service, one parser).
 
@@ -73,6 +95,7 @@ class Steps:
 
     def __init__(self, pipeline: Pipeline):
         self.pipeline = pipeline
+        self.restorer = SharedRestorer(pipeline.restorer)
         self._stages: dict[tuple, Stages] = {}
         self._lock = threading.Lock()
 
@@ -119,8 +142,7 @@ class Steps:
 
     def restore(self, faces: Sequence[FaceRef]) -> None:
         """One generator call for `faces` (at most `limit`), their parse masks behind it; results on each Prepared."""
-        restorer = self.pipeline.restorer
-        pending = restorer.submit([p.crops[k] for p, k in faces])
+        pending = self.restorer.submit([p.crops[k] for p, k in faces])
         source = pending.device_out
         started = []
         for idx, stages in self._parse_groups(faces):
@@ -146,6 +168,43 @@ class Steps:
 
     def close(self) -> None:
         self.pipeline.close()
+
+    # -- videos (jobs) -------------------------------------------------------------------------------------------
+    def video_info(self, path: Path, name: str) -> tuple[str, int, int]:
+        """(the extension a video upload is stored under, frame width, height): from its name, else its
+        container; RequestError when it is no video this pipeline reads."""
+        from gpen_tune.video.reader import VideoReadError, probe  # heavy: av (PyAV), only for video jobs
+
+        try:
+            info = probe(path)
+        except VideoReadError as e:
+            raise RequestError(" ".join(str(e).split()).replace(str(path), name)) from None
+        own = Path(name).suffix.lower().lstrip(".")
+        ext = own if own in VIDEO_EXTS else "mp4" if "mp4" in info.container.split(",") else "mkv"
+        return ext, info.width, info.height
+
+    def enhance_video(self, src: Path, folder: Path, options: RequestOptions,
+                      progress: Callable[[float], None]) -> tuple[Path | None, int]:
+        """The pipeline's video run (tracking, ordered encoding, audio kept) on the shared generator; `progress`
+        gets the share of frames done after each frame (it may raise KeyboardInterrupt to stop: nothing is
+        written then). (output or None when stopped, faces restored)."""
+        from gpen_tune.video.reader import probe  # heavy: av (PyAV), only for video jobs
+        from gpen_tune.video.stream import enhance_video  # heavy: av (PyAV), only for video jobs
+
+        pipe = self.pipeline
+        settings = replace(pipe.settings, strength=options.strength, only_center_face=options.only_center_face,
+                           parse_mask=pipe.settings.parse_mask if options.parse_mask is None else options.parse_mask)
+        ext = options.ext if options.ext in VIDEO_EXTS else src.suffix.lstrip(".")
+        expected = max(1, probe(src).expected_frames or 1)
+        done = [0]
+
+        def frame_done(job: ImageJob) -> None:
+            done[0] += 1
+            progress(min(1.0, done[0] / expected))
+
+        with Pipeline(settings, pipe.tune, restorer=self.restorer, cut_on_device=False, notify=pipe.notify) as run:
+            result = enhance_video(src, folder / f"result.{ext}", run, on_result=frame_done, notify=pipe.notify)
+        return result.output, result.faces
 
     # -- helpers -------------------------------------------------------------------------------------------------
     def _stages_for(self, options: RequestOptions) -> Stages:

@@ -245,3 +245,32 @@ def _gif() -> bytes:
     buf = io.BytesIO()
     Image.new("P", (8, 8)).save(buf, format="GIF")
     return buf.getvalue()
+
+
+def test_video_job_shares_the_generator_with_live_requests(small_model, photos, tmp_path):
+    """A video job runs the pipeline's video path on the server's generator; an image request meanwhile is served."""
+    import av
+    from video.clips import make_clip
+
+    clip = make_clip(tmp_path / "clip.mp4", n=12, size=(192, 144), subtitles=False)
+    settings = EnhanceSettings(weights="synthetic", detector="mtcnn", device="cpu")
+    with server_thread(settings=settings, model=small_model, spool=tmp_path / "spool") as url:
+        r = httpx.post(f"{url}/v1/jobs", files={"file": ("clip.mp4", clip.read_bytes(), "video/mp4")}, timeout=60)
+        assert r.status_code == 202, r.text
+        job = r.json()
+        assert job["kind"] == "video"
+        live = post(url, photos[2])
+        assert live.status_code == 200 and live.headers["x-faces"] == "1"
+        _until(lambda: httpx.get(f"{url}/v1/jobs/{job['id']}").json()["state"] not in ("queued", "running"), 300)
+        state = httpx.get(f"{url}/v1/jobs/{job['id']}").json()
+        assert state["state"] == "done" and state["progress"] == 1.0 and state["faces"] >= 10, state
+        result = httpx.get(f"{url}/v1/jobs/{job['id']}/result")
+        assert result.status_code == 200 and result.headers["content-type"] == "video/mp4"
+        (tmp_path / "out.mp4").write_bytes(result.content)
+        with av.open(str(tmp_path / "out.mp4")) as container:
+            frames = [f.to_ndarray(format="rgb24") for f in container.decode(video=0)]
+        assert len(frames) == 12 and frames[0].shape == (144, 192, 3)
+        bad = httpx.post(f"{url}/v1/jobs", params={"ext": "png"}, content=clip.read_bytes())
+        assert bad.status_code == 400 and "ext=png" in bad.json()["error"]
+        junk = httpx.post(f"{url}/v1/jobs", content=b"neither an image nor a video")
+        assert junk.status_code == 415
