@@ -6,6 +6,7 @@ float summation order, as the threaded scheduler's batches do: tests/pipeline/te
 
 from __future__ import annotations
 
+import base64
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -181,6 +182,8 @@ def test_refusals_are_clear_json_errors(strict_server, photos):
     assert r.status_code == 400 and "ext=gif" in r.json()["error"]
     r = httpx.post(f"{url}/v1/enhance", params={"strength": 2}, content=jpeg, headers=AUTH)
     assert r.status_code == 422
+    r = httpx.post(f"{url}/v1/enhance", params={"parse_mask": "true"}, content=jpeg, headers=AUTH)
+    assert r.status_code == 400 and "ParseNet" in r.json()["error"]
 
 
 def test_queue_full_timeout_and_client_gone(strict_server, photos):
@@ -259,8 +262,9 @@ def test_video_job_shares_the_generator_with_live_requests(small_model, photos, 
         assert r.status_code == 202, r.text
         job = r.json()
         assert job["kind"] == "video"
-        live = post(url, photos[2])
-        assert live.status_code == 200 and live.headers["x-faces"] == "1"
+        live = post(url, photos[2], response="json")               # the image as base64 in JSON
+        assert live.status_code == 200 and live.json()["faces"] == 1 and live.json()["format"] == "png"
+        assert decoded(base64.b64decode(live.json()["image_base64"])).shape == decoded(photos[2].read_bytes()).shape
         _until(lambda: httpx.get(f"{url}/v1/jobs/{job['id']}").json()["state"] not in ("queued", "running"), 300)
         state = httpx.get(f"{url}/v1/jobs/{job['id']}").json()
         assert state["state"] == "done" and state["progress"] == 1.0 and state["faces"] >= 10, state
