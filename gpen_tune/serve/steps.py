@@ -127,7 +127,7 @@ class Steps:
     def warm_up(self) -> None:
         """One generator call on a grey crop, so the first request does not pay for lazy initialisation."""
         size = self.pipeline.size
-        self.pipeline.restorer.submit([np.full((size, size, 3), 128, np.uint8)]).result()
+        self.restorer.submit([np.full((size, size, 3), 128, np.uint8)])
 
     # -- the three calls -----------------------------------------------------------------------------------------
     def prepare(self, path: Path, name: str, options: RequestOptions) -> Prepared:
@@ -142,16 +142,12 @@ class Steps:
 
     def restore(self, faces: Sequence[FaceRef]) -> None:
         """One generator call for `faces` (at most `limit`), their parse masks behind it; results on each Prepared."""
-        pending = self.restorer.submit([p.crops[k] for p, k in faces])
-        source = pending.device_out
-        started = []
+        pending = self.restorer.submit([p.crops[k] for p, k in faces])   # collected (a repaired batch too)
+        out, batch = pending.result(), pending.device_out
         for idx, stages in self._parse_groups(faces):
-            rows = _rows(source, idx)
+            rows = _rows(batch, idx)
             parse = stages.parse_batch([(faces[i][0].job, faces[i][1]) for i in idx], rows, device_paste=False)
-            started.append((idx, stages, rows, parse))
-        out = pending.result()
-        for idx, stages, rows, parse in started:     # a repaired batch (non-finite faces) is parsed again
-            stages.keep_masks(parse, rows if pending.device_out is source else _rows(pending.device_out, idx))
+            stages.keep_masks(parse, rows)
         for (p, k), restored in zip(faces, out, strict=True):
             p.restored[k] = restored
 
