@@ -62,6 +62,7 @@ def serve(
                                         help="Hours a finished job's files are kept.")] = 24.0,
 ) -> None:
     """Serve face restoration over HTTP: an API, a web page at /, jobs, health and metrics."""
+    # Long for its Typer signature (one annotated parameter per flag); the body only validates and hands over.
     from gpen_tune.serve import MISSING_EXTRA, serve_extra_missing
 
     if serve_extra_missing():
