@@ -71,9 +71,9 @@ def small_model():
 
 @pytest.fixture(scope="module")
 def strict_server(small_model, tmp_path_factory):
-    """A token, one queued face at most, 1 MB uploads, 1 megapixel, 5 s per request; a face waits for a batch
+    """A token, one queued face at most, 1 MB uploads, 1 megapixel, 8 s per request; a face waits for a batch
     (of 4) for up to 60 s, so it stays queued while the test looks."""
-    limits = ServeLimits(max_upload_bytes=2**20, max_pixels=1_000_000, max_queue_faces=1, request_timeout_s=5,
+    limits = ServeLimits(max_upload_bytes=2**20, max_pixels=1_000_000, max_queue_faces=1, request_timeout_s=8,
                          max_wait_ms=60_000)
     settings = EnhanceSettings(weights="synthetic", detector="mtcnn", device="cpu", batch_size=4)
     with server_thread(settings=settings, model=small_model, spool=tmp_path_factory.mktemp("strict"),
