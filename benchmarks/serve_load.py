@@ -1,14 +1,16 @@
 """Load on `gpen-tune serve`: K concurrent clients on loopback against the same requests sent one at a time, in
-one run (one at a time, K clients, one at a time again: A/B/A), against a real `gpen-tune serve` child process.
+one run against a real `gpen-tune serve` child process, interleaved (one at a time, K clients, one at a time, ...:
+A/B/A with `--rounds 1`, A/B/A/B/A with 2), so that a machine whose load drifts weighs on both alike.
 
 Reports requests/s, faces/s, p50/p95/p99 latency and faces per generator call (from the server's /metrics) per
-phase, and the ratio of the K-client throughput to the mean of the two one-at-a-time phases; the JSON goes to
-benchmarks/results/ (results_file.write_result). Requests are single-face photos built from the bundled ones
+phase and per kind over all rounds, and the ratio of the K-client throughput to the one-at-a-time throughput
+(requests over wall time, all phases of a kind together); the JSON goes to benchmarks/results/
+(results_file.write_result). Requests are single-face photos built from the bundled ones
 (JPEG, as users send them).
 
 CPU, as measured here (2 cores):
     python benchmarks/serve_load.py --device cpu --model GPEN-BFR-256 --weights synthetic --clients 4 \\
-        --requests 32 --batch-size 4
+        --requests 16 --rounds 2 --batch-size 4
 
 H200 (the issue's target: >= 500 faces/s from 64 concurrent single-face clients, p99 <= 300 ms):
     python benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic --preset speed \\
@@ -100,7 +102,22 @@ def run_phase(url: str, bodies: list[bytes], clients: int) -> dict:
             "faces_per_s": round(faces / wall, 3), "faces": faces, "generator_calls": calls,
             "faces_per_generator_call": round(faces / calls, 3) if calls else None,
             "latency_s": {"p50": round(float(q[0]), 4), "p95": round(float(q[1]), 4), "p99": round(float(q[2]), 4),
-                          "mean": round(statistics.mean(latencies), 4)}}
+                          "mean": round(statistics.mean(latencies), 4)},
+            "latencies": [round(x, 4) for x in latencies]}
+
+
+def _pooled(phases: list[dict]) -> dict:
+    """Phases of one kind together: requests over summed wall time, latency percentiles over every request."""
+    wall = sum(p["wall_s"] for p in phases)
+    requests, faces = sum(p["requests"] for p in phases), sum(p["faces"] for p in phases)
+    calls = sum(p["generator_calls"] for p in phases)
+    latencies = [x for p in phases for x in p["latencies"]]
+    q = np.percentile(latencies, [50, 95, 99])
+    return {"clients": phases[0]["clients"], "requests": requests, "errors": sum(p["errors"] for p in phases),
+            "wall_s": round(wall, 3), "requests_per_s": round(requests / wall, 3),
+            "faces_per_s": round(faces / wall, 3), "faces": faces, "generator_calls": calls,
+            "faces_per_generator_call": round(faces / calls, 3) if calls else None,
+            "latency_s": {"p50": round(float(q[0]), 4), "p95": round(float(q[1]), 4), "p99": round(float(q[2]), 4)}}
 
 
 def start_server(args: argparse.Namespace, spool: Path) -> tuple[subprocess.Popen, str]:
@@ -144,6 +161,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=32, help="requests of the K-client phase")
     ap.add_argument("--sequential-requests", type=int, default=None, help="of each one-at-a-time phase "
                     "(default: --requests)")
+    ap.add_argument("--rounds", type=int, default=2, help="K-client phases, each followed by a one-at-a-time "
+                    "phase (the run starts with one)")
     ap.add_argument("--warmup", type=int, default=4, help="requests sent first, not counted")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     args = ap.parse_args()
@@ -153,20 +172,24 @@ def main() -> None:
     proc, url = start_server(args, spool)
     try:
         run_phase(url, bodies[: args.warmup], min(args.clients, args.warmup))
-        phases = {"one_at_a_time_a": run_phase(url, bodies[:seq_n], 1),
-                  "concurrent": run_phase(url, bodies[: args.requests], args.clients),
-                  "one_at_a_time_b": run_phase(url, bodies[:seq_n], 1)}
+        phases = {"one_at_a_time_0": run_phase(url, bodies[:seq_n], 1)}
+        for r in range(1, args.rounds + 1):
+            phases[f"concurrent_{r}"] = run_phase(url, bodies[: args.requests], args.clients)
+            phases[f"one_at_a_time_{r}"] = run_phase(url, bodies[:seq_n], 1)
     finally:
         proc.terminate()
         proc.wait(timeout=600)
-    base = (phases["one_at_a_time_a"]["requests_per_s"] + phases["one_at_a_time_b"]["requests_per_s"]) / 2
+    kinds = {kind: _pooled([p for name, p in phases.items() if name.startswith(kind)])
+             for kind in ("one_at_a_time", "concurrent")}
     result = {"benchmark": "serve_load", "args": vars(args) | {"out": str(args.out)}, "phases": phases,
-              "throughput_ratio": round(phases["concurrent"]["requests_per_s"] / base, 3),
+              "pooled": kinds,
+              "throughput_ratio": round(kinds["concurrent"]["requests_per_s"]
+                                        / kinds["one_at_a_time"]["requests_per_s"], 3),
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                           "load_avg_start_end": os.getloadavg()}}
     path = write_result(args.out, f"serve_load_{args.device}_{args.model}_k{args.clients}", result)
-    for name, p in phases.items():
-        print(f"{name:16s} {p['clients']:3d} clients  {p['requests_per_s']:7.2f} req/s  {p['faces_per_s']:7.2f} "
+    for name, p in list(phases.items()) + [(f"all {k}", v) for k, v in kinds.items()]:
+        print(f"{name:20s} {p['clients']:3d} clients  {p['requests_per_s']:7.2f} req/s  {p['faces_per_s']:7.2f} "
               f"faces/s  p50 {p['latency_s']['p50'] * 1000:7.0f} ms  p95 {p['latency_s']['p95'] * 1000:7.0f} ms  "
               f"p99 {p['latency_s']['p99'] * 1000:7.0f} ms  faces/call {p['faces_per_generator_call']}  "
               f"errors {p['errors']}")
