@@ -80,6 +80,7 @@ class Service:
             self.steps = steps
             self.batcher = FaceBatcher(steps, self.limits.max_wait_ms / 1000.0, self.limits.max_queue_faces,
                                        on_batch=self.metrics.on_batch)
+            self.spool.expire()
             for record in self.spool.recover():
                 self._jobs.put(record.id)
             self._job_thread = threading.Thread(target=self._job_loop, name="gpen-serve-jobs", daemon=True)
