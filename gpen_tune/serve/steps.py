@@ -132,6 +132,7 @@ class Steps:
     # -- the three calls -----------------------------------------------------------------------------------------
     def prepare(self, path: Path, name: str, options: RequestOptions) -> Prepared:
         """Decode, detect, align and cut one image file; RequestError / ImageReadError for what cannot be used."""
+        self._on_device()
         stages = self._stages_for(options)
         job = ImageJob(source=name, stem="result")
         stages.prepare([job], [lambda: str(path)])
@@ -142,6 +143,7 @@ class Steps:
 
     def restore(self, faces: Sequence[FaceRef]) -> None:
         """One generator call for `faces` (at most `limit`), their parse masks behind it; results on each Prepared."""
+        self._on_device()
         pending = self.restorer.submit([p.crops[k] for p, k in faces])   # collected (a repaired batch too)
         out, batch = pending.result(), pending.device_out
         for idx, stages in self._parse_groups(faces):
@@ -153,6 +155,7 @@ class Steps:
 
     def finish(self, prepared: Prepared, folder: Path, ext: str | None) -> Path:
         """Paste the restored faces back and write the image into `folder` (atomically, as `enhance` does)."""
+        self._on_device()
         job = prepared.job
         prepared.stages.finish(job, prepared.restored)
         sink = FileSink(OutputNaming(folder, ext=ext))
@@ -222,6 +225,15 @@ class Steps:
                                 cut_on_device=False, paste_impl=pipe.paste_impl, notify=pipe.notify)
                 self._stages[key] = stages
         return stages
+
+    def _on_device(self) -> None:
+        """Threads start on GPU 0: a server on cuda:N makes the calling thread's current device N (as the threaded
+        scheduler's threads do)."""
+        device = self.pipeline.device
+        if device.type == "cuda" and device.index is not None:
+            import torch  # heavy: torch, loaded with the pipeline already
+
+            torch.cuda.set_device(device)
 
     @staticmethod
     def _parse_groups(faces: Sequence[FaceRef]) -> list[tuple[list[int], Stages]]:
