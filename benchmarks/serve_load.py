@@ -12,9 +12,11 @@ CPU, as measured here (2 cores):
     python benchmarks/serve_load.py --device cpu --model GPEN-BFR-256 --weights synthetic --clients 4 \\
         --requests 16 --rounds 2 --batch-size 4
 
-H200 (the issue's target: >= 500 faces/s from 64 concurrent single-face clients, p99 <= 300 ms):
+H200 (the target: >= 500 faces/s from 64 concurrent single-face clients, p99 <= 300 ms; `bash
+benchmarks/gpu_tables.sh serve` runs exactly this):
     python benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic --preset speed \\
-        --detector mtcnn --clients 64 --requests 2048 --sequential-requests 64 --batch-size 64 --max-wait-ms 5
+        --detector mtcnn --clients 64 --requests 2048 --sequential-requests 64 --rounds 1 --batch-size 64 \\
+        --max-wait-ms 5
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_file import write_result  # noqa: E402
+from timing import Stopwatch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,21 +82,20 @@ def run_phase(url: str, bodies: list[bytes], clients: int) -> dict:
                     i = next(todo, None)
                 if i is None:
                     return
-                t = time.perf_counter()
-                r = http.post(f"{url}/v1/enhance", content=bodies[i], headers={"Content-Type": "image/jpeg"})
-                dt = time.perf_counter() - t
+                with Stopwatch() as sw:
+                    r = http.post(f"{url}/v1/enhance", content=bodies[i], headers={"Content-Type": "image/jpeg"})
                 with lock:
-                    latencies.append(dt)
+                    latencies.append(sw.seconds)
                     if r.status_code != 200:
                         errors.append(f"{r.status_code}: {r.text[:200]}")
 
-    t0 = time.perf_counter()
     threads = [threading.Thread(target=client) for _ in range(clients)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    wall = time.perf_counter() - t0
+    with Stopwatch() as phase:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    wall = phase.seconds
     calls = metric(url, "gpen_serve_generator_calls_total") - calls0
     faces = metric(url, "gpen_serve_faces_total") - faces0
     q = np.percentile(latencies, [50, 95, 99])
