@@ -69,7 +69,7 @@ class JobSpool:
         self.expire()
         with self._lock:
             if self.used_bytes() + len(data) > self.quota_bytes:
-                raise SpoolFull(f"the job spool is full ({self.quota_bytes / 2**20:.0f} MiB): retry when jobs "
+                raise SpoolFull(f"the job spool is full (its quota is {self.quota_bytes:,} bytes): retry when jobs "
                                 "have expired, or delete finished ones")
             record = JobRecord(uuid.uuid4().hex, "queued", name, ext, options, kind=kind)
             folder = self.folder(record.id)

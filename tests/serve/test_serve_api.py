@@ -7,6 +7,7 @@ float summation order, as the threaded scheduler's batches do: tests/pipeline/te
 from __future__ import annotations
 
 import base64
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,7 @@ from gpen_tune.cli import app as cli_app
 from gpen_tune.load import load_model
 from gpen_tune.pipeline.settings import EnhanceSettings
 from gpen_tune.serve import ServeLimits
-from gpen_tune.serve.spool import JobSpool
+from gpen_tune.serve.spool import JobSpool, SpoolFull
 
 MODEL = "GPEN-BFR-256"
 TOLERANCE = 2
@@ -278,3 +279,25 @@ def test_video_job_shares_the_generator_with_live_requests(small_model, photos, 
         assert bad.status_code == 400 and "ext=png" in bad.json()["error"]
         junk = httpx.post(f"{url}/v1/jobs", content=b"neither an image nor a video")
         assert junk.status_code == 415
+
+
+def test_spool_quota_and_expiry(tmp_path):
+    """The spool refuses a job that would pass its quota, and removes finished jobs once they expire (queued ones
+    stay whatever their age)."""
+    spool = JobSpool(tmp_path / "jobs", quota_bytes=2000, expiry_s=60)   # each job: 700 bytes + its job.json
+    options = {"strength": 1.0, "only_center_face": False, "parse_mask": None, "ext": None}
+    done = spool.create(b"x" * 700, "a.png", "png", options)
+    waiting = spool.create(b"y" * 700, "b.png", "png", options)
+    with pytest.raises(SpoolFull, match="full"):
+        spool.create(b"z" * 700, "c.png", "png", options)
+    done.state = "done"
+    spool.save(done)
+    assert spool.expire() == 0                              # not old yet
+    for record in (done, waiting):                          # both an hour old
+        record.updated = time.time() - 3600
+        path = spool.folder(record.id) / "job.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "updated": record.updated}))
+    assert spool.expire() == 1
+    assert spool.get(done.id) is None and not spool.folder(done.id).exists()
+    assert spool.get(waiting.id).state == "queued"
+    assert spool.create(b"z" * 700, "c.png", "png", options).state == "queued"   # room again
