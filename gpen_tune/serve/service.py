@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -65,6 +66,8 @@ class Service:
 
     # -- life --------------------------------------------------------------------------------------------------
     def start(self) -> None:
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, Steps.switch_interval()))
         shutil.rmtree(self.work_dir, ignore_errors=True)      # a killed server's uploads: nobody waits for them
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self._loader.start()
@@ -101,6 +104,7 @@ class Service:
             self.batcher.close()
         if self.steps is not None:
             self.steps.close()
+        sys.setswitchinterval(self._switch_interval)
 
     def check_ready(self) -> None:
         if self.failed is not None:

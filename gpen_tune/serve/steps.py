@@ -29,6 +29,7 @@ from gpen_tune.pipeline.scheduler import SchedulerConfig
 from gpen_tune.pipeline.settings import EnhanceSettings
 from gpen_tune.pipeline.sinks import FileSink
 from gpen_tune.pipeline.stages import Stages
+from gpen_tune.pipeline.threads import SWITCH_INTERVAL_S
 
 VIDEO_EXTS = VIDEO_OUTPUTS              # what a video job may be written as
 STAGES_KEPT = 16         # option combinations whose Stages are kept (strength is a float: bound the cache)
@@ -119,6 +120,12 @@ class Steps:
     @property
     def device(self) -> Any:
         return self.pipeline.device
+
+    @staticmethod
+    def switch_interval() -> float:
+        """The GIL hand-over interval while the service's threads run: the threaded scheduler's (with CPython's
+        5 ms a thread that left the GIL for a torch or cv2 call can wait that long to take it back)."""
+        return SWITCH_INTERVAL_S
 
     def cpu_threads(self) -> int:
         """torch's threads on the CPU while detection and the generator run at once (as the threaded runs)."""
