@@ -62,6 +62,8 @@ class Service:
         self._cancelled: set[str] = set()
         self._job_thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._job_lock = threading.Lock()
+        self._running: str | None = None                     # the job the job thread works on
         self._loader = threading.Thread(target=self._load, name="gpen-serve-load", daemon=True)
 
     # -- life --------------------------------------------------------------------------------------------------
@@ -195,17 +197,21 @@ class Service:
         return record
 
     def cancel_job(self, job_id: str) -> JobRecord | None:
-        """Cancel a queued or running job and remove its files; None when there is no such job."""
+        """Cancel a queued or running job and remove its files (a running job's once its run has stopped: its
+        writer still holds them); None when there is no such job."""
         record = self.spool.get(job_id)
         if record is None:
             return None
-        self._cancelled.add(job_id)
+        with self._job_lock:
+            self._cancelled.add(job_id)
+            running = self._running == job_id
         ticket = self._job_tickets.get(job_id)
         if ticket is not None:
             self._drop(ticket)
         if record.state not in ("done", "failed"):
             record.state = "cancelled"
-        self.spool.delete(job_id)
+        if not running:
+            self.spool.delete(job_id)
         return record
 
     def _job_loop(self) -> None:
@@ -214,24 +220,38 @@ class Service:
             if job_id is None or self._stopping.is_set():      # the rest stays queued in the spool
                 return
             record = self.spool.get(job_id)
-            if record is None or record.state != "queued" or job_id in self._cancelled:
-                continue
-            record.state = "running"
-            self.spool.save(record)
+            with self._job_lock:
+                if record is None or record.state != "queued" or job_id in self._cancelled:
+                    continue
+                self._running = job_id
             try:
-                path, record.faces = self._run_job(record)
-                record.state, record.result, record.progress = "done", path.name, 1.0
-            except (JobCancelled, CancelledError):
-                continue                                      # DELETE removed its folder
-            except HttpRefusal as e:
-                record.state, record.error = "failed", e.message
-            except Exception as e:
-                traceback.print_exc()
-                record.state, record.error = "failed", " ".join(str(e).split()) or type(e).__name__
+                self._work_on(record)
             finally:
+                with self._job_lock:
+                    self._running = None
+                    cancelled = job_id in self._cancelled
                 self._job_tickets.pop(job_id, None)
-            if job_id not in self._cancelled and self.spool.folder(job_id).is_dir():
-                self.spool.save(record)
+            if cancelled:
+                self.spool.delete(job_id)
+
+    def _work_on(self, record: JobRecord) -> None:
+        """Run one job and record how it ended (a cancelled one is not recorded: its folder goes)."""
+        record.state = "running"
+        self.spool.save(record)
+        try:
+            path, record.faces = self._run_job(record)
+            record.state, record.result, record.progress = "done", path.name, 1.0
+        except (JobCancelled, CancelledError):
+            return
+        except HttpRefusal as e:
+            record.state, record.error = "failed", e.message
+        except Exception as e:
+            if record.id in self._cancelled:
+                return
+            traceback.print_exc()
+            record.state, record.error = "failed", " ".join(str(e).split()) or type(e).__name__
+        if record.id not in self._cancelled:
+            self.spool.save(record)
 
     def _run_job(self, record: JobRecord) -> tuple[Path, int]:
         options = RequestOptions(**record.options)

@@ -301,3 +301,19 @@ def test_spool_quota_and_expiry(tmp_path):
     assert spool.get(done.id) is None and not spool.folder(done.id).exists()
     assert spool.get(waiting.id).state == "queued"
     assert spool.create(b"z" * 700, "c.png", "png", options).state == "queued"   # room again
+
+
+def test_deleting_a_running_video_job_stops_it_and_removes_its_files(small_model, tmp_path):
+    from video.clips import make_clip
+
+    clip = make_clip(tmp_path / "long.mp4", n=150, size=(192, 144), subtitles=False, audio=False)
+    settings = EnhanceSettings(weights="synthetic", detector="mtcnn", device="cpu")
+    spool = tmp_path / "spool"
+    with server_thread(settings=settings, model=small_model, spool=spool) as url:
+        job = httpx.post(f"{url}/v1/jobs", files={"file": ("long.mp4", clip.read_bytes(), "video/mp4")}).json()
+        _until(lambda: httpx.get(f"{url}/v1/jobs/{job['id']}").json()["progress"] > 0)
+        gone = httpx.delete(f"{url}/v1/jobs/{job['id']}")
+        assert gone.status_code == 200 and gone.json()["state"] == "cancelled"
+        _until(lambda: httpx.get(f"{url}/v1/jobs/{job['id']}").status_code == 404)
+        _until(lambda: not (spool / "jobs" / job["id"]).exists())
+        assert httpx.get(f"{url}/readyz").status_code == 200
