@@ -37,19 +37,28 @@ class HttpRefusal(Exception):
         self.status, self.message, self.headers = status, message, headers or {}
 
 
-def check_header(data: bytes, name: str, max_pixels: int) -> str:
-    """The upload's file extension from its header alone (Pillow opens lazily: no pixel is decoded here).
-    415: not an image or a format we do not restore; 413: more pixels than `max_pixels`."""
+def image_header(data: bytes, name: str) -> tuple[str, int, int] | None:
+    """(Pillow format, width, height) from the file's header alone (Pillow opens lazily: no pixel is decoded);
+    None when Pillow does not take it for an image. 413 when the header claims a decompression bomb."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as img:
-                fmt, (w, h) = img.format, img.size
+                return img.format, img.size[0], img.size[1]
     except Image.DecompressionBombError as e:
         raise HttpRefusal(413, f"{name}: {e}") from None
     except (UnidentifiedImageError, OSError, ValueError):
+        return None
+
+
+def check_header(data: bytes, name: str, max_pixels: int) -> str:
+    """The upload's file extension, checked from its header before any decoding. 415: not an image or a format
+    we do not restore; 413: more pixels than `max_pixels`."""
+    header = image_header(data, name)
+    if header is None:
         raise HttpRefusal(415, f"{name}: not an image (or a format that cannot be read); send JPEG, PNG, WebP, "
-                          "BMP or TIFF") from None
+                          "BMP or TIFF")
+    fmt, w, h = header
     if fmt not in FORMAT_TO_EXT:
         raise HttpRefusal(415, f"{name}: {fmt} is not supported; send JPEG, PNG, WebP, BMP or TIFF")
     if w * h > max_pixels:

@@ -23,7 +23,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gpen_tune.imageio import ImageReadError
 from gpen_tune.serve.batcher import FaceBatcher, QueueFull, Ticket
-from gpen_tune.serve.limits import HttpRefusal, ServeLimits, check_header
+from gpen_tune.serve.limits import HttpRefusal, ServeLimits, check_header, image_header
 from gpen_tune.serve.metrics import ServeMetrics
 from gpen_tune.serve.spool import JobRecord, JobSpool
 from gpen_tune.serve.steps import RequestError, RequestOptions, Steps
@@ -96,8 +96,9 @@ class Service:
             self.notify(f"the models could not be loaded: {self.failed}")
 
     def close(self) -> None:
-        """After the server stopped taking requests: the job in progress completes, queued jobs stay queued in
-        the spool (the next server takes them), the batcher restores what is queued, the models are released."""
+        """After the server stopped taking requests: an image job in progress completes, a video job stops (nothing
+        written), queued and stopped jobs stay in the spool (the next server runs them), the batcher restores what
+        is queued, the models are released."""
         self._stopping.set()
         if self._job_thread is not None:
             self._jobs.put(None)
@@ -171,11 +172,8 @@ class Service:
     def job_kind(self, data: bytes, name: str) -> tuple[str, str]:
         """("image" | "video", the extension to store it under): an image from its header alone, else a video
         from its container (probed in a file: 415 when it is neither, 413 for frames above the pixel limit)."""
-        try:
+        if image_header(data, name) is not None:               # an image, or a refused image format (GIF)
             return "image", check_header(data, name, self.limits.max_pixels)
-        except HttpRefusal as refusal:
-            if refusal.status != 415:
-                raise
         self.check_ready()
         with tempfile.NamedTemporaryFile(dir=self.work_dir) as f:
             f.write(data)

@@ -279,6 +279,8 @@ def test_video_job_shares_the_generator_with_live_requests(small_model, photos, 
         assert bad.status_code == 400 and "ext=png" in bad.json()["error"]
         junk = httpx.post(f"{url}/v1/jobs", content=b"neither an image nor a video")
         assert junk.status_code == 415
+        gif = httpx.post(f"{url}/v1/jobs", content=_gif())               # FFmpeg reads it, but it is a refused image
+        assert gif.status_code == 415 and "GIF" in gif.json()["error"]
 
 
 def test_spool_quota_and_expiry(tmp_path):
