@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 from gpen_tune.cli import app
-from gpen_tune.cli._console import fail, failure, notice, user_errors
+from gpen_tune.cli._console import fail, failure, notice, out, user_errors
 from gpen_tune.cli._options import PresetOpt, tune_config_from_options
 from gpen_tune.cli._options import panel_option as _opt  # short: it is on every option line
 
@@ -83,7 +83,7 @@ def serve(
 
     try:
         dev = resolve_device(device, notice)
-        tune, _ = tune_config_from_options(preset, device=dev.type)
+        tune, origin = tune_config_from_options(preset, device=dev.type)
         settings = EnhanceSettings(model=model, weights=weights, device=str(dev), detector=detector,
                                    parse_mask=parse_mask, parse_weights=parse_weights, batch_size=batch_size)
         limits = ServeLimits(max_upload_bytes=int(max_upload_mb * 2**20), max_pixels=int(max_megapixels * 1e6),
@@ -93,4 +93,5 @@ def serve(
         application = create_app(spool=spool, limits=limits, token=token, notify=notice, steps=lambda: steps)
     except user_errors() as e:
         raise failure(e) from None
+    out.print(f"optimizations: {origin}", highlight=False, soft_wrap=True)
     run_server(application, host, port)
