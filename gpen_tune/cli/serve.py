@@ -76,7 +76,11 @@ def serve(
         check_bind(host, token, no_auth)
     except UnsafeBind as e:
         raise failure(e) from None
-    from gpen_tune.pipeline.settings import EnhanceSettings, resolve_device  # heavy: torch (fast --help)
+    from gpen_tune.pipeline.settings import (  # heavy: torch (fast --help)
+        EnhanceSettings,
+        detection_size,
+        resolve_device,
+    )
     from gpen_tune.serve.app import create_app  # heavy: torch (fast --help)
     from gpen_tune.serve.limits import ServeLimits  # heavy: torch (fast --help)
     from gpen_tune.serve.steps import Steps  # heavy: torch (fast --help)
@@ -85,6 +89,7 @@ def serve(
         dev = resolve_device(device, notice)
         tune, origin = tune_config_from_options(preset, device=dev.type)
         settings = EnhanceSettings(model=model, weights=weights, device=str(dev), detector=detector,
+                                   det_size=detection_size(None, tune.face_crop),
                                    parse_mask=parse_mask, parse_weights=parse_weights, batch_size=batch_size)
         limits = ServeLimits(max_upload_bytes=int(max_upload_mb * 2**20), max_pixels=int(max_megapixels * 1e6),
                              max_queue_faces=max_queue_faces, request_timeout_s=timeout, max_wait_ms=max_wait_ms,
