@@ -52,8 +52,10 @@ def create_app(settings: Any = None, tune: Any = None, *, spool: str | Path = "g
         model: a loaded generator to use instead of loading `settings.weights`.
         steps: builds the pipeline steps instead (wins over settings, tune and model).
     The models load in the background once the app starts: /healthz answers at once, /readyz when they are warm.
-    While it runs the app lowers the process's GIL hand-over interval (as the threaded scheduler does) and, on
-    the CPU, splits torch's threads between detection and the generator; both come back at shutdown (torch's not).
+    While it runs the app lowers the process's GIL hand-over interval (as the threaded scheduler does; restored
+    at shutdown) and on the CPU sets torch's threads to one share of the cores each for detection and generator.
+    Mounted under another app, enter its lifespan from the parent's (Starlette starts no mounted app's lifespan):
+    `async with served.router.lifespan_context(served): yield`.
     """
     build = steps or (lambda: Steps.build(settings, tune, notify, model))
     service = Service(build, limits, Path(spool), notify)
