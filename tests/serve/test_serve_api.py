@@ -319,3 +319,39 @@ def test_deleting_a_running_video_job_stops_it_and_removes_its_files(small_model
         _until(lambda: httpx.get(f"{url}/v1/jobs/{job['id']}").status_code == 404)
         _until(lambda: not (spool / "jobs" / job["id"]).exists())
         assert httpx.get(f"{url}/readyz").status_code == 200
+
+
+def test_the_app_mounts_in_a_users_own_server(small_model, photos, tmp_path):
+    """create_app's app under a path of another FastAPI app, its lifespan entered from the parent's."""
+    import threading as th
+    from contextlib import asynccontextmanager
+
+    import uvicorn
+    from fastapi import FastAPI
+    from serve_helpers import free_port, wait_ready
+
+    from gpen_tune.serve import create_app
+
+    served = create_app(EnhanceSettings(weights="synthetic", detector="mtcnn", device="cpu"), model=small_model,
+                        spool=tmp_path / "spool", notify=lambda msg: None)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        async with served.router.lifespan_context(served):
+            yield
+
+    parent = FastAPI(lifespan=lifespan)
+    parent.get("/own")(lambda: {"own": True})
+    parent.mount("/gpen", served)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(parent, host="127.0.0.1", port=port, log_level="warning"))
+    thread = th.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/gpen")
+        assert httpx.get(f"http://127.0.0.1:{port}/own").json() == {"own": True}
+        r = post(f"http://127.0.0.1:{port}/gpen", photos[2])
+        assert r.status_code == 200 and r.headers["x-faces"] == "1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
