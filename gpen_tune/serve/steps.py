@@ -14,6 +14,7 @@ these calls.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -151,8 +152,12 @@ class Steps:
     def restore(self, faces: Sequence[FaceRef]) -> None:
         """One generator call for `faces` (at most `limit`), their parse masks behind it; results on each Prepared."""
         self._on_device()
+        t = time.perf_counter()
         pending = self.restorer.submit([p.crops[k] for p, k in faces])   # collected (a repaired batch too)
         out, batch = pending.result(), pending.device_out
+        share = (time.perf_counter() - t) / len(faces)
+        for p, _ in faces:
+            p.job.add_time("restore", share)
         for idx, stages in self._parse_groups(faces):
             rows = _rows(batch, idx)
             parse = stages.parse_batch([(faces[i][0].job, faces[i][1]) for i in idx], rows, device_paste=False)

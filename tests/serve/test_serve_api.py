@@ -103,7 +103,7 @@ def test_concurrent_requests_share_generator_calls_and_give_enhance_pixels(batch
     for path, r in zip(photos, responses, strict=True):
         assert r.status_code == 200, r.text
         assert r.headers["x-faces"] == "1" and r.headers["content-type"] == "image/png"
-        assert "detect;dur=" in r.headers["server-timing"]
+        assert "detect;dur=" in r.headers["server-timing"] and "restore;dur=" in r.headers["server-timing"]
         ours, theirs = decoded(r.content), decoded(enhanced[path.name])
         assert ours.shape == theirs.shape
         assert np.abs(ours - theirs).max() <= TOLERANCE, path.name
