@@ -30,6 +30,9 @@ _LAZY = {
     "EnhanceSettings": ("gpen_tune.pipeline.settings", "EnhanceSettings"),
     "TuneConfig": ("gpen_tune.tune.options", "TuneConfig"),
     "preset": ("gpen_tune.tune.options", "preset"),
+    "InputError": ("gpen_tune.pipeline.api", "InputError"),                 # what enhance raises before any work
+    "WeightsNotFoundError": ("gpen_tune.weights.cache", "WeightsNotFoundError"),
+    "MissingPart": ("gpen_tune.extras", "MissingPart"),
     "DevicePool": ("gpen_tune.distributed.devices", "DevicePool"),
     "ray_enhance": ("gpen_tune.distributed.ray_data", "ray_enhance"),
     "export_onnx": ("gpen_tune.export.onnx", "export_onnx"),

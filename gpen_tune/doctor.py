@@ -28,6 +28,7 @@ import shutil
 import sys
 
 import gpen_tune
+from gpen_tune.extras import OPTIONAL_PARTS
 
 NO_GPU_WARNING = "no CUDA GPU found: gpen-tune runs on CPU, which takes seconds per face"
 
@@ -38,6 +39,8 @@ OPTIONAL = {
     "cv2": ("opencv-python", "image I/O, warps, paste-back", False),
     "matplotlib": ("matplotlib", "benchmark plots, sample photo", False),
     "libcst": ("libcst", "patching an upstream GPEN checkout", False),
+    # the optional extras: what needs each, and the line that installs it
+    **{p.module: (p.module, f"{p.needed_for}; {p.install}", p.heavy) for p in OPTIONAL_PARTS.values()},
 }
 NOT_USED = {
     "basicsr": "deliberately not used: it no longer imports with current torchvision (functional_tensor removed) "

@@ -46,6 +46,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from gpen_tune.file_mode import new_file_mode
 from gpen_tune.png_encode import PNG_LEVEL, encode_png
 
 MAX_PIXELS = 100_000_000
@@ -473,7 +474,7 @@ def write_image(pic: Picture, path: str | Path, fmt: str | None = None, png_leve
             _write_png(pic, Path(tmp), png_level)
         else:
             _write_8_bit(pic, Path(tmp), fmt)
-        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.chmod(tmp, new_file_mode())
         commit(tmp, path, replace)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -487,21 +488,12 @@ def copy_file(src: str | Path, path: str | Path, *, replace: bool = True) -> Pat
     tmp = _temp_beside(path)
     try:
         shutil.copyfile(src, tmp)
-        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.chmod(tmp, new_file_mode())
         commit(tmp, path, replace)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
-
-
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _current_umask()
 
 
 def _luma(rgb: np.ndarray) -> np.ndarray:

@@ -1,7 +1,9 @@
 #!/bin/sh
 # Set everything up (./.venv, dev tools), lint, then the test suite in two tiers: the fast tier (-m "not slow")
 # first, then the slow one (Triton's interpreter, torch.compile, child processes, big models), each spread over
-# one worker process per core. CI runs exactly this.
+# one worker process per core. CI runs exactly this. It changes ./.venv (said when it starts): it adds pytest,
+# pytest-xdist, ruff, Ray, spandrel, onnx and onnxruntime, and installs the OpenCV release of tests/constraints.txt
+# (which may replace, even downgrade, the one there).
 #
 #   sh scripts/test.sh                 # both tiers
 #   sh scripts/test.sh --fast          # the fast tier only (--slow: the slow tier only)
@@ -14,6 +16,8 @@ case "${1:-}" in
     --slow) tiers="slow"; shift ;;
 esac
 narrowed=$#          # paths or -k given: a tier may legitimately select nothing
+echo "== test.sh changes ./.venv: adds pytest, pytest-xdist, ruff, Ray, spandrel, onnx and onnxruntime, and installs" \
+     "$(grep -v '^#' tests/constraints.txt | tr '\n' ' ')(tests/constraints.txt; it may replace the release there)"
 sh scripts/setup.sh --dev
 echo "== ruff"
 .venv/bin/python -m ruff check .

@@ -8,6 +8,8 @@ import re
 import tempfile
 from pathlib import Path
 
+from gpen_tune.file_mode import new_file_mode
+
 
 def _atomic_write(path: Path, write) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -15,6 +17,7 @@ def _atomic_write(path: Path, write) -> None:
     os.close(fd)
     try:
         write(Path(tmp))
+        os.chmod(tmp, new_file_mode())           # the user's umask, as the images (mkstemp makes 0600)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -122,7 +122,7 @@ def skip_reason(row: Row, device: torch.device, explicit: bool, cpu: CpuCapabili
             continue  # pipeline-level: cannot change the generator's numbers; the restorer notes the skip
         reason = SWITCH_MODULES[step].is_supported(device, row.cfg)
         if reason:
-            return f"{step}: {reason}"
+            return reason if step == row.name else f"{step}: {reason}"     # the row's name is said by the caller
     if explicit:
         return None
     if device.type == "cpu" and row.cfg.compile:

@@ -41,7 +41,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 def one_line(exc: BaseException) -> str:
     """The exception's message on one line (KeyError's quotes dropped), never cut."""
-    text = str(exc).strip().strip("'\"") or type(exc).__name__
+    text = str(exc.args[0]) if isinstance(exc, KeyError) and exc.args else str(exc)   # KeyError's repr quotes
+    text = text.strip() or type(exc).__name__
     return " ".join(text.split())
 
 

@@ -23,14 +23,18 @@ from gpen_tune.pipeline.outputs import is_video
 
 class EnhanceProgress:
     """A bar over images and video frames whose text advances per restored face (a 29-face photo moves face by
-    face); the ETA comes from the images and the videos' frame counts."""
+    face); the ETA comes from the images and the videos' frame counts. It fits 80 columns: the bar shrinks, and the
+    current file's name shows only where the console has room for it."""
+
+    NAME_MIN_WIDTH = 110        # columns from which the current file's name is shown too
 
     def __init__(self, console: Console):
-        self.progress = Progress(
-            TextColumn("[bold]enhance[/]"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[faces]} faces · {task.fields[ips]:.2f} img/s · {task.fields[fps]:.2f} faces/s"),
-            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[current]}"),
-            console=console, transient=False)
+        columns = [TextColumn("[bold]enhance[/]"), BarColumn(bar_width=16), MofNCompleteColumn(),
+                   TextColumn("{task.fields[ips]:.2f}/s · {task.fields[faces]} faces · {task.fields[fps]:.2f}/s"),
+                   TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
+        if console.width >= self.NAME_MIN_WIDTH:
+            columns.append(TextColumn("{task.fields[current]}"))
+        self.progress = Progress(*columns, console=console, transient=False)
         self.task = None
         self.images = self.faces = 0
         self.t0 = time.perf_counter()
@@ -83,7 +87,9 @@ def print_summary(out: Console, summary: dict, result: Any) -> None:
     table.add_column("")
     table.add_column("value", justify="right")
     table.add_row("images with faces restored", str(summary["restored"]))
-    table.add_row("images without a face (written unchanged)", str(summary["no_face"]))
+    if summary.get("videos"):
+        table.add_row("videos written · frames", f"{summary['videos_written']} · {summary['frames']}")
+    table.add_row("inputs without a face (written unchanged)", str(summary["no_face"]))
     if summary["skipped"]:
         table.add_row("existing outputs kept (--skip-existing)", str(summary["skipped"]))
     if summary["passed_over"]:
@@ -95,7 +101,11 @@ def print_summary(out: Console, summary: dict, result: Any) -> None:
     if summary["nonfinite_faces"]:
         table.add_row("[yellow]faces left as the input (non-finite output)[/]", str(summary["nonfinite_faces"]))
     table.add_row("wall time", f"{summary['wall_s']:.2f} s")
-    table.add_row("images/s · faces/s", f"{summary['images_per_s'] or 0:.2f} · {summary['faces_per_s'] or 0:.2f}")
+    rates = [(summary["images_per_s"], "images/s"), (summary.get("frames_per_s"), "frames/s"),
+             (summary["faces_per_s"], "faces/s")]
+    shown = [(v, unit) for v, unit in rates if v is not None]      # nothing written: no rate
+    if shown:
+        table.add_row(" · ".join(unit for _, unit in shown), " · ".join(f"{v:.2f}" for v, _ in shown))
     tune = summary.get("tune")
     if tune:
         ran = tune.get("effective_describe") or tune["describe"]

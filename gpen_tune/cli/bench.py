@@ -11,22 +11,23 @@ import typer
 from gpen_tune.cli import app
 from gpen_tune.cli._console import err, fail, out
 from gpen_tune.cli._options import (
-    AmpMode,
+    ActCheckpointOpt,
     AmpOpt,
     BackendOpt,
-    CheckpointOpt,
-    CompileMode,
+    CheckpointAliasOpt,
     CompileOpt,
     CudaGraphOpt,
     FaceCropOpt,
     FusedOpt,
     LazyDetectorOpt,
     PresetOpt,
+    choice,
+    either,
     tune_config_from_options,
 )
 from gpen_tune.cli._options import panel_option as _opt  # short: it is on every option line
 from gpen_tune.tune import TuneConfig
-from gpen_tune.tune.options import cli_flags
+from gpen_tune.tune.options import COMPILE_MODES, cli_flags
 
 EXAMPLES = """
 Examples:\n
@@ -99,12 +100,14 @@ def bench(
     max_minutes: Annotated[float | None, _opt("--max-minutes", panel=MEASURE_PANEL, metavar="MIN",
                                               help="Skip the rows left after this many minutes (recorded).")]
     = None,
-    compile_mode: Annotated[CompileMode, _opt("--compile-mode", panel=MEASURE_PANEL, metavar="MODE",
-                                              help="default, reduce-overhead or max-autotune: the compile rows' mode.")]
-    = CompileMode.default,
-    amp_dtype: Annotated[AmpMode, _opt("--amp-dtype", panel=MEASURE_PANEL, metavar="DTYPE",
-                                       help="bf16 or fp16 for the amp rows (the other dtype gets its own row).")]
-    = AmpMode.bf16,
+    compile_mode: Annotated[str, _opt("--compile-mode", panel=MEASURE_PANEL, metavar="MODE",
+                                      parser=choice(("off", *COMPILE_MODES), case_sensitive=False),
+                                      help="default, reduce-overhead or max-autotune: the compile rows' mode.")]
+    = "default",
+    amp_dtype: Annotated[str, _opt("--amp-dtype", panel=MEASURE_PANEL, metavar="DTYPE",
+                                   parser=choice(("bf16", "fp16"), case_sensitive=False),
+                                   help="bf16 or fp16 for the amp rows (the other dtype gets its own row).")]
+    = "bf16",
     parse_mask: Annotated[bool, _opt("--parse-mask", panel=MEASURE_PANEL,
                                      help="Also time the ParseNet paste mask on the same crops.")] = False,
     parse_weights: Annotated[str | None, _opt("--parse-weights", panel=MEASURE_PANEL, metavar="PATH",
@@ -119,7 +122,8 @@ def bench(
     lazy_detector: LazyDetectorOpt = None,
     compile: CompileOpt = None,
     amp: AmpOpt = None,
-    checkpoint: CheckpointOpt = None,
+    act_checkpoint: ActCheckpointOpt = None,
+    checkpoint: CheckpointAliasOpt = None,
     face_crop: FaceCropOpt = None,
     cuda_graph: CudaGraphOpt = None,
     fused: FusedOpt = None,
@@ -140,7 +144,7 @@ def bench(
 
     if output.exists() and not output.is_dir():
         raise fail(f"{output}: exists and is not a folder; pass -o/--output with a folder for the results")
-    if compile_mode == CompileMode.off:
+    if compile_mode == "off":
         raise fail("--compile-mode off: the compile rows need a mode; leave them out with --rows instead")
     dev = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dev.startswith("cuda") and not torch.cuda.is_available():
@@ -148,17 +152,18 @@ def bench(
     if dev == "cpu" and not device:
         err.print("[bold yellow]notice:[/] no CUDA device: benchmarking on the CPU (GPU-only rows are skipped)")
     custom, custom_label = None, "custom"
-    switches = (lazy_detector, compile, amp, checkpoint, face_crop, cuda_graph, fused, backend)
+    switches = (lazy_detector, compile, amp, either(act_checkpoint, checkpoint), face_crop, cuda_graph, fused,
+                backend)
     if preset is not None or any(v is not None for v in switches):
         custom, line = tune_config_from_options(preset, *switches, device=dev, base=TuneConfig())
         err.print(f"[bold]optimizations:[/] {line}", highlight=False)
-        custom_label = f"--preset {preset.value}" if preset is not None else "custom"
+        custom_label = f"--preset {preset}" if preset is not None else "custom"
         custom_label += f": {cli_flags(custom, generator_only=True)}"
     settings = BenchSettings(
         model=model, weights=weights, device=dev, batch_sizes=_int_list(batch_sizes),
         rows=[r.strip() for r in rows.split(",") if r.strip()] if rows else None, repeats=repeats, warmup=warmup,
-        inputs=str(inputs) if inputs is not None else None, max_faces=max_faces, compile_mode=compile_mode.value,
-        amp=amp_dtype.value, cudnn_benchmark=cudnn_benchmark, max_minutes=max_minutes, custom=custom,
+        inputs=str(inputs) if inputs is not None else None, max_faces=max_faces, compile_mode=compile_mode,
+        amp=amp_dtype, cudnn_benchmark=cudnn_benchmark, max_minutes=max_minutes, custom=custom,
         custom_label=custom_label, tf32=tf32, parse_mask=parse_mask or parse_weights is not None,
         parse_weights=parse_weights,
         command=_command_line(ctx),

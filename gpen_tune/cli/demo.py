@@ -12,9 +12,11 @@ from typing import Annotated
 
 import typer
 
+from gpen_tune.choices import DETECTOR_NAMES, DEVICES, spelled
 from gpen_tune.cli import app
 from gpen_tune.cli._console import failure, notice, one_line, out
-from gpen_tune.cli._options import Preset, tune_config_from_options
+from gpen_tune.cli._options import choice, preset_option, tune_config_from_options
+from gpen_tune.cli._run import RunOptions, run_command
 
 
 def write_bundled_photos(folder: Path) -> list[Path]:
@@ -52,24 +54,20 @@ def demo(
     output: Annotated[Path, typer.Option("-o", "--output", help="Where inputs and results go.")] = Path(
         "gpen-tune-demo"),
     model: Annotated[str, typer.Option(help="GPEN model.")] = "GPEN-BFR-512",
-    device: Annotated[str, typer.Option(help="auto | cuda | cpu | mps.")] = "auto",
+    device: Annotated[str, typer.Option(parser=choice(DEVICES), help=f"{spelled(DEVICES, 'auto')}.")] = "auto",
     weights: Annotated[str | None, typer.Option(help="Weights file, registry name or 'synthetic' (default: the "
                                                 "official file, cached or downloaded, else synthetic).")] = None,
-    detector: Annotated[str, typer.Option(help="auto | retinaface_resnet50 | retinaface_mobile0.25 | mtcnn.")]
+    detector: Annotated[str, typer.Option(parser=choice(DETECTOR_NAMES), help=f"{spelled(DETECTOR_NAMES, 'auto')}.")]
     = "auto",
-    preset: Annotated[Preset, typer.Option("--preset", help="Optimization preset (see `enhance --help`); auto "
-                                           "picks from free GPU memory.", case_sensitive=False)] = Preset.auto,
+    preset: Annotated[str, preset_option("auto")] = "auto",
 ) -> None:
     """Restore the faces of bundled real photos and print the per-stage timings (works offline)."""
-    from gpen_tune.cli.enhance import run_command  # heavy: torch (fast --help)
     from gpen_tune.model.configs import model_info  # heavy: torch (fast --help)
-    from gpen_tune.pipeline.api import Pipeline, enhance  # heavy: torch (fast --help)
-    from gpen_tune.pipeline.scheduler import SchedulerConfig  # heavy: torch (fast --help)
     from gpen_tune.pipeline.settings import EnhanceSettings, resolve_device  # heavy: torch (fast --help)
 
     try:                                  # arguments first: an unknown model fails before any notice
         model_info(model)
-        dev = resolve_device(device, notice)
+        dev = resolve_device(device, notice, model=model)
         cfg, line = tune_config_from_options(preset, device=dev.type)
         EnhanceSettings(model=model, device=str(dev), detector=detector)
     except (ValueError, KeyError, RuntimeError) as e:
@@ -80,8 +78,6 @@ def demo(
     settings = EnhanceSettings(model=model, weights=weights, device=str(dev), detector=detector)
     out.print(f"demo: {len(inputs)} bundled photos -> {results}")
     out.print(f"optimizations: {line}", highlight=False, soft_wrap=True)
-    code = run_command([str(p) for p in inputs], results, settings, cfg, recursive=False, ext=None, suffix="",
-                       name_pattern="{name}{suffix}.{ext}", existing="overwrite", report=output / "report.json",
-                       save_faces=False, save_comparison=True, serial=None, config=SchedulerConfig(),
-                       build=Pipeline, run=enhance)
-    raise typer.Exit(code)
+    options = RunOptions(existing="overwrite", save_comparison=True)
+    raise typer.Exit(run_command([str(p) for p in inputs], results, settings, cfg, options,
+                                 report=output / "report.json"))

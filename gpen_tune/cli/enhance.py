@@ -1,36 +1,35 @@
-"""`gpen-tune enhance INPUT... -o OUTDIR`: restore every face of photos and folders (a thin layer over
-`gpen_tune.pipeline.api.enhance`)."""
+"""`gpen-tune enhance INPUT... -o OUTDIR`: restore every face of photos, folders and videos (a thin layer over
+`gpen_tune.pipeline.api.enhance`: the checks, the report and the run's numbers come from the library)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import time
-from dataclasses import asdict
-from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from gpen_tune import __version__
+from gpen_tune.choices import BG_UPSAMPLERS, DETECTOR_NAMES, DEVICES, TEMPLATES, spelled
 from gpen_tune.cli import app
-from gpen_tune.cli._console import err, fail, failure, notice, out, user_errors
+from gpen_tune.cli._console import failure, notice, out, user_errors
 from gpen_tune.cli._options import (
+    ActCheckpointOpt,
     AmpOpt,
     BackendOpt,
-    CheckpointOpt,
+    CheckpointAliasOpt,
     CompileOpt,
     CudaGraphOpt,
     FaceCropOpt,
     FusedOpt,
     LazyDetectorOpt,
-    PresetOpt,
+    choice,
+    either,
+    preset_option,
     tune_config_from_options,
 )
 from gpen_tune.cli._options import panel_option as _opt  # short: it is on every option line
-from gpen_tune.cli._progress import EnhanceProgress, print_summary
-from gpen_tune.distributed.ray_import import RayMissing, check_ray
+from gpen_tune.cli._run import RunOptions, run_command
+from gpen_tune.extras import MissingPart, require
+from gpen_tune.pipeline.conflicts import check_detector_process, check_scale_out, existing_policy
 
 IO_PANEL = "Inputs and outputs"
 FACE_PANEL = "Faces"
@@ -44,29 +43,11 @@ SCALE_PANEL = "Scale-out"
 EXAMPLES = """
 Examples:\n
   gpen-tune enhance photo.jpg -o out/\n
-  gpen-tune enhance albums/ -r -o restored/ --preset auto --report report.json\n
+  gpen-tune enhance albums/ -r -o restored/ --report report.json\n
   gpen-tune enhance 'scans/*.png' -o out/ -w 0.7 --ext jpg --suffix _gpen --skip-existing\n
-  gpen-tune enhance clip.mp4 photos/ -o out/ --codec libx265
+  gpen-tune enhance clip.mp4 photos/ -o out/ --codec libx265\n
+  gpen-tune enhance photo.jpg -o test/ --weights synthetic   (a dry run: random weights)
 """
-
-
-class DetectorChoice(str, Enum):
-    auto = "auto"
-    retinaface_resnet50 = "retinaface_resnet50"
-    retinaface_mobile = "retinaface_mobile0.25"
-    mtcnn = "mtcnn"
-
-
-class TemplateChoice(str, Enum):
-    gpen = "gpen"
-    ffhq = "ffhq"
-
-
-class DeviceChoice(str, Enum):
-    auto = "auto"
-    cuda = "cuda"
-    cpu = "cpu"
-    mps = "mps"
 
 
 @app.command(epilog=EXAMPLES)
@@ -102,7 +83,8 @@ def enhance(
                                     help="Also write the paste's blend weights as a grey image (OUT/masks/).")]
     = False,
     strength: Annotated[float, _opt("-w", "--strength", panel=FACE_PANEL, metavar="0..1", show_default=False,
-                                    help="Restored over original: 0 = unchanged, 1 = restored (default).")] = 1.0,
+                                    help="Restored over original: 0 = unchanged, 1 = restored (default); not "
+                                    "GFPGAN/CodeFormer's -w (fidelity, 0.5).")] = 1.0,
     aligned: Annotated[bool, _opt("--aligned", panel=FACE_PANEL, help="Inputs are aligned face crops.")] = False,
     only_center_face: Annotated[bool, _opt("--only-center-face", panel=FACE_PANEL,
                                            help="Restore only the face nearest the centre.")] = False,
@@ -114,7 +96,8 @@ def enhance(
     parse_weights: Annotated[str | None, _opt("--parse-weights", panel=FACE_PANEL, metavar="PATH",
                                               help="ParseNet weights (upstream's or facexlib's file).")] = None,
     bg_upsampler: Annotated[str | None, _opt("--bg-upsampler", panel=BG_PANEL, metavar="KIND",
-                                             help="Upscale the photo first: realesrnet or realesrgan.")] = None,
+                                             parser=choice(BG_UPSAMPLERS), help=f"Upscale the photo first: "
+                                             f"{spelled(BG_UPSAMPLERS)} (the [upscale] extra).")] = None,
     upscale: Annotated[int, _opt("--upscale", panel=BG_PANEL, metavar="2|4", show_default=False,
                                  help="Background upscale factor (default 2).")] = 2,
     bg_weights: Annotated[str | None, _opt("--bg-weights", panel=BG_PANEL, metavar="PATH",
@@ -122,14 +105,15 @@ def enhance(
     tile: Annotated[int, _opt("--tile", panel=BG_PANEL, metavar="PX", show_default=False,
                               help="Upscale in overlapping tiles of PX (default 0: whole photo).")] = 0,
     model: Annotated[str, _opt("--model", panel=MODEL_PANEL, show_default=False,
-                               help="GPEN-BFR-256, -512 (default), -1024 or -2048.")] = "GPEN-BFR-512",
+                               help="A model of `gpen-tune weights list` (default GPEN-BFR-512).")] = "GPEN-BFR-512",
     weights: Annotated[str | None, _opt("--weights", panel=MODEL_PANEL, metavar="PATH|NAME",
-                                        help="A .pth file, a registry name or 'synthetic' (default: cached).")] = None,
-    device: Annotated[DeviceChoice, _opt("--device", panel=MODEL_PANEL, show_default=False,
-                                         help="auto (default) = cuda > mps > cpu.")] = DeviceChoice.auto,
-    detector: Annotated[DetectorChoice, _opt("--detector", panel=DETECT_PANEL, metavar="NAME", show_default=False,
-                                             help="retinaface_resnet50, retinaface_mobile0.25, mtcnn or auto.")]
-    = DetectorChoice.auto,
+                                        help="A .pth file, a registry name, or 'synthetic' for a dry run with random "
+                                        "weights (default: the cached official file).")] = None,
+    device: Annotated[str, _opt("--device", panel=MODEL_PANEL, show_default=False, parser=choice(DEVICES),
+                                help=f"{spelled(DEVICES, 'auto')}; auto = cuda > mps > cpu.")] = "auto",
+    detector: Annotated[str, _opt("--detector", panel=DETECT_PANEL, metavar="NAME", show_default=False,
+                                  parser=choice(DETECTOR_NAMES), help=f"{spelled(DETECTOR_NAMES, 'auto')}.")]
+    = "auto",
     detector_weights: Annotated[str | None, _opt("--detector-weights", panel=DETECT_PANEL, metavar="PATH",
                                                  help="RetinaFace weights file or URL.")] = None,
     det_size: Annotated[int | None, _opt("--det-size", panel=DETECT_PANEL, show_default=False, metavar="PX",
@@ -137,9 +121,9 @@ def enhance(
     = None,
     det_threshold: Annotated[float | None, _opt("--det-threshold", panel=DETECT_PANEL, metavar="0..1",
                                                 help="Minimum face score (default 0.9).")] = None,
-    template: Annotated[TemplateChoice, _opt("--template", panel=DETECT_PANEL, show_default=False,
-                                             help="Alignment: gpen (default, upstream) or ffhq (GFPGAN).")]
-    = TemplateChoice.gpen,
+    template: Annotated[str, _opt("--template", panel=DETECT_PANEL, show_default=False, parser=choice(TEMPLATES),
+                                  help=f"Alignment: {spelled(TEMPLATES, 'gpen')}; gpen is upstream's, ffhq GFPGAN's.")]
+    = "gpen",
     batch_size: Annotated[int | None, _opt("--batch-size", panel=PERF_PANEL, show_default=False, metavar="N",
                                            help="Faces per generator call (default: 32 on CUDA, 8 elsewhere).")]
     = None,
@@ -167,202 +151,116 @@ def enhance(
     ray_address: Annotated[str | None, _opt("--ray-address", panel=SCALE_PANEL, show_default=False,
                                             metavar="ADDR", help="The Ray cluster to join, e.g. auto or "
                                             "ray://head:10001.")] = None,
-    preset: PresetOpt = None,
+    preset: Annotated[str, preset_option("auto")] = "auto",
     lazy_detector: LazyDetectorOpt = None,
     compile: CompileOpt = None,
     amp: AmpOpt = None,
-    checkpoint: CheckpointOpt = None,
+    act_checkpoint: ActCheckpointOpt = None,
+    checkpoint: CheckpointAliasOpt = None,
     face_crop: FaceCropOpt = None,
     cuda_graph: CudaGraphOpt = None,
     fused: FusedOpt = None,
     backend: BackendOpt = None,
 ) -> None:
     """Restore every face in photos and videos: detect, align, restore in batches, paste back seamlessly."""
-    # Long for its Typer signature (one annotated parameter per flag); the body only validates and hands over.
-    # The checks that need no torch come first, so that they answer at once.
+    # Long only for its Typer signature (one annotated parameter per flag); the body checks and hands over. Every
+    # check comes before any work: the light ones (no torch) first, so that they answer at once.
     names = list(inputs or []) + list(input_ or [])
-    if not names:
-        raise fail("no input given: pass files, folders or globs (or -i PATH)")
-    if overwrite and skip_existing:
-        raise fail("--overwrite and --skip-existing contradict each other: choose one")
-    if devices is not None and (ray or ray_address):
-        raise fail("--devices runs on this host, --ray on a Ray cluster: choose one")
-    if ray or ray_address is not None:
-        try:
-            check_ray()                                  # before torch is imported: the answer comes at once
-        except RayMissing as e:
-            raise fail(str(e)) from None
+    to_ray = ray or ray_address is not None
+    try:
+        existing = existing_policy(overwrite, skip_existing)
+        check_scale_out(devices, to_ray)
+        for needed, part in ((to_ray, "ray"), (bg_upsampler is not None, "spandrel")):
+            if needed:
+                require(part)
+    except (ValueError, MissingPart) as e:
+        raise failure(e) from None
+    settings, tune, origin = _settings_and_tune(
+        names, recursive=recursive, preset=preset, switches=(lazy_detector, compile, amp,
+                                                             either(act_checkpoint, checkpoint), face_crop,
+                                                             cuda_graph, fused, backend),
+        device=device, to_ray=to_ray, checks=dict(pattern=name_pattern, suffix=suffix, ext=ext, codec=codec,
+                                                  report=report, existing=existing),
+        model=model, weights=weights, template=template, detector=detector, detector_weights=detector_weights,
+        det_size=det_size, det_threshold=det_threshold, strength=strength, aligned=aligned,
+        only_center_face=only_center_face or only_center_face_alias, parse_mask=parse_mask,
+        parse_weights=parse_weights, batch_size=batch_size, detector_process=detector_process,
+        bg_upsampler=bg_upsampler, upscale=upscale, bg_weights=bg_weights, tile=tile, png_level=png_level)
+    build, run = _executor(devices, to_ray, ray_address, output, settings)
+    out.print(f"optimizations: {origin}", highlight=False, soft_wrap=True)
+    from gpen_tune.pipeline.api import VideoOptions  # heavy: torch (fast --help)
+    from gpen_tune.pipeline.scheduler import SchedulerConfig  # heavy: torch (fast --help)
+    from gpen_tune.video_presets import encoder_preset_for
+
+    try:
+        encoder_speed = encoder_preset_for(video_preset, preset)
+    except ValueError as e:
+        raise failure(e) from None
+    options = RunOptions(recursive=recursive, ext=ext, suffix=suffix, name_pattern=name_pattern, existing=existing,
+                         save_faces=save_faces, save_comparison=save_comparison, save_mask=save_mask,
+                         serial=serial or None, config=SchedulerConfig(workers=workers),
+                         video=VideoOptions(codec=codec, crf=crf, smooth=smooth, encoder_preset=encoder_speed))
+    raise typer.Exit(run_command(names, Path(output), settings, tune, options, report=report, build=build, run=run))
+
+
+def _settings_and_tune(names: list[str], *, recursive: bool, preset: str, switches: tuple, device: str,
+                       to_ray: bool, checks: dict[str, Any], **fields: Any) -> tuple[Any, Any, str]:
+    """(EnhanceSettings, TuneConfig, the line saying where the switches came from), every choice checked before
+    any work: names and formats, the inputs (they exist), the report path, the optional parts the inputs need, the
+    weights (they exist), then the device (its notice) and the preset."""
     from gpen_tune.model.configs import model_info  # heavy: torch (fast --help)
-    from gpen_tune.pipeline.api import Pipeline, VideoOptions  # heavy: torch (fast --help)
-    from gpen_tune.pipeline.api import enhance as run_enhance  # heavy: torch (fast --help)
+    from gpen_tune.pipeline.api import collect_existing_inputs, require_parts  # heavy: torch (fast --help)
     from gpen_tune.pipeline.outputs import check_ext, check_pattern, check_suffix  # heavy: cv2 (fast --help)
     from gpen_tune.pipeline.report import check_report_path  # heavy: torch (fast --help)
-    from gpen_tune.pipeline.scheduler import SchedulerConfig  # heavy: torch (fast --help)
     from gpen_tune.pipeline.settings import (  # heavy: torch (fast --help)
         EnhanceSettings,
+        check_weights,
         detection_size,
         resolve_device,
     )
-    from gpen_tune.video_presets import encoder_preset_for
 
-    build, run = Pipeline, run_enhance
-    try:                                                 # every argument checked before anything is printed
-        model_info(model)
-        check_pattern(name_pattern)
-        check_suffix(suffix)
-        check_ext(ext)
-        if report is not None:
-            check_report_path(report)
-        scale_to_ray = ray or ray_address is not None
-        if scale_to_ray and device.value != "cpu":       # the restore actors' device (GPUs of the cluster)
-            import torch  # heavy: torch (fast --help)
+    try:
+        model_info(fields["model"])
+        check_pattern(checks["pattern"])
+        check_suffix(checks["suffix"])
+        check_ext(checks["ext"])
+        if checks["codec"] is not None:
+            require("av")
+            from gpen_tune.video.encoders import check_encoder  # heavy: av (only with --codec)
 
-            dev = torch.device("cuda")
+            check_encoder(checks["codec"])
+        found = collect_existing_inputs(names, recursive)
+        if checks["report"] is not None and check_report_path(checks["report"], checks["existing"]):
+            flag = "--overwrite" if checks["existing"] == "overwrite" else "--skip-existing: a resumed batch"
+            notice(f"--report {checks['report']} exists: replaced at the end ({flag})")
+        settings = EnhanceSettings(**{**fields, "det_size": None})
+        require_parts(settings, found)
+        check_weights(settings)
+        if to_ray and device != "cpu":
+            dev = "cuda"                                 # the restore actors' device (GPUs of the cluster)
         else:
-            dev = resolve_device(device.value, notice)
-        encoder_speed = encoder_preset_for(video_preset, getattr(preset, "value", preset))
-        tune, origin = tune_config_from_options(preset, lazy_detector, compile, amp, checkpoint, face_crop,
-                                                cuda_graph, fused, backend, device=dev.type)
-        settings = EnhanceSettings(
-            model=model, weights=weights, template=template.value, detector=detector.value,
-            detector_weights=detector_weights, det_size=detection_size(det_size, tune.face_crop),
-            det_threshold=det_threshold, strength=strength, aligned=aligned,
-            only_center_face=only_center_face or only_center_face_alias,
-            parse_mask=parse_mask, parse_weights=parse_weights, batch_size=batch_size, device=str(dev),
-            detector_process=detector_process, bg_upsampler=bg_upsampler,
-            upscale=upscale, bg_weights=bg_weights, tile=tile, png_level=png_level)
-        if detector_process and tune.lazy_detector:
-            raise ValueError("--detector-process runs the detector in its own process, which --lazy-detector "
-                             "cannot release: choose one")
-        if devices is not None:
-            from gpen_tune.cli._scale import device_pool_builder  # heavy: torch (fast --help)
-
-            build = device_pool_builder(devices)
-        if scale_to_ray:
-            from gpen_tune.cli._scale import RayRun, ray_runner  # optional: ray (the [ray] extra)
-
-            build, run = RayRun, ray_runner(output, ray_address, 0 if dev.type == "cpu" else 1)
-    except user_errors() as e:
+            dev = resolve_device(device, notice, model=settings.model).type
+        tune, origin = tune_config_from_options(preset, *switches, device=dev)
+        settings.device = dev if device == "auto" else device
+        settings.det_size = detection_size(fields["det_size"], tune.face_crop)
+        check_detector_process(settings.detector_process, tune.lazy_detector)
+    except (*user_errors(), MissingPart) as e:
         raise failure(e) from None
-    out.print(f"optimizations: {origin}", highlight=False, soft_wrap=True)
-    existing = "overwrite" if overwrite else "skip" if skip_existing else "refuse"
-    code = run_command(names, Path(output), settings, tune, recursive=recursive, ext=ext, suffix=suffix,
-                       name_pattern=name_pattern, existing=existing, report=report, save_faces=save_faces,
-                       save_comparison=save_comparison, save_mask=save_mask, serial=serial or None,
-                       config=SchedulerConfig(workers=workers), build=build, run=run,
-                       video=VideoOptions(codec=codec, crf=crf, smooth=smooth, encoder_preset=encoder_speed))
-    raise typer.Exit(code)
+    return settings, tune, origin
 
 
-def run_command(names, output: Path, settings, tune, *, recursive, ext, suffix, name_pattern, existing, report,
-                save_faces, save_comparison, serial, config, build, run, video=None, save_mask=False) -> int:
-    """Build the pipeline, run every input with progress, print the summary, write the report; the exit code."""
-    from gpen_tune.pipeline.outputs import check_output_dir  # heavy: cv2 (fast --help)
-    from gpen_tune.pipeline.report import summarize, tune_summary, write_report  # heavy: torch (fast --help)
+def _executor(devices: str | None, to_ray: bool, ray_address: str | None, output: str,
+              settings: Any) -> tuple[Any, Any]:
+    """(build, run) for run_command: None, None for one pipeline here; a device pool for --devices; Ray actors."""
+    if devices is not None:
+        from gpen_tune.cli._scale import device_pool_builder  # heavy: torch (fast --help)
 
-    created = not output.exists()
-    t0 = time.perf_counter()
-    try:
-        check_output_dir(output)             # an unusable -o fails before the model and its notices
-        with _interrupted_while_building(output, created):
-            pipe = build(settings, tune, notify=notice)
-            detector_name = pipe.prepare()   # a missing detector or parser file fails before any image
-    except user_errors() as e:
-        _remove_if_empty(output, created)
-        raise failure(e) from None
-    progress = EnhanceProgress(err)
-    try:
-        with _interrupts(output), progress:
-            result = run(names, output, settings, tune, pipeline=pipe, recursive=recursive, ext=ext, suffix=suffix,
-                         name_pattern=name_pattern, existing=existing, save_faces=save_faces,
-                         save_comparison=save_comparison, serial=serial, config=config,
-                         save_mask=save_mask,
-                         on_result=progress.image_done, on_faces=progress.faces_done, on_start=progress.start,
-                         video=video, notify=notice, report=report)
-    except user_errors() as e:
-        _remove_if_empty(output, created)
-        raise failure(e) from None
-    finally:
-        pipe.close()
-    summary = summarize(result, time.perf_counter() - t0)
-    summary["tune"] = tune_summary(tune, pipe.restorer)
-    if hasattr(pipe, "device_summary"):                  # --devices: what each device did
-        summary["devices"] = pipe.device_summary()
-    print_summary(out, summary, result)
-    for lane in summary.get("devices", []):
-        lost = f", lost: {lane['lost']} ({lane['retried_elsewhere']} inputs retried elsewhere)" if lane["lost"] else ""
-        out.print(f"device {lane['device']}: {lane['images']} images, {lane['faces']} faces, "
-                  f"{lane['faces_per_s'] or 0:.2f} faces/s{lost}", highlight=False, soft_wrap=True)
-    if report is not None:
-        data = {"gpen_tune": __version__, "settings": asdict(settings), "device": str(pipe.device),
-                "weights": pipe.weights_source, "detector": detector_name, "tune": summary["tune"],
-                "summary": summary, "images": [j.report() for j in result.jobs]}
         try:
-            write_report(report, data)
-        except OSError as e:
-            err.print(f"[bold red]error:[/] --report {report}: not written ({e.strerror or e})", highlight=False,
-                      soft_wrap=True)
-            return result.exit_code or 1
-    if result.summary.interrupted:
-        err.print("[bold red]interrupted:[/] images not processed are listed as not processed; every file "
-                  "written is complete")
-    return result.exit_code
+            return device_pool_builder(devices), None
+        except user_errors() as e:
+            raise failure(e) from None
+    if to_ray:
+        from gpen_tune.cli._scale import RayRun, ray_runner  # optional: ray (the [ray] extra)
 
-
-def _remove_if_empty(folder: Path, created: bool) -> None:
-    """A failed validation leaves no empty output folder behind (only one this command created)."""
-    if created and folder.is_dir() and not any(folder.iterdir()):
-        folder.rmdir()
-
-
-class _SigintScope:
-    """Installs `self._handler` for Ctrl-C inside a `with` block (the previous handler comes back after it)."""
-
-    previous = None
-
-    def _handler(self, signum, frame) -> None:
-        raise NotImplementedError
-
-    def __enter__(self):
-        try:
-            self.previous = signal.signal(signal.SIGINT, self._handler)
-        except ValueError:                      # not the main thread (e.g. inside a test runner's thread)
-            self.previous = None
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-
-
-class _interrupted_while_building(_SigintScope):
-    """Ctrl-C while the pipeline is built (model, detector, kernels): exit 130 at once with one line. Nothing is
-    written yet, and a KeyboardInterrupt raised there can land inside a Python callback of native code (torch's
-    extensions), which aborts the process instead of unwinding it."""
-
-    def __init__(self, output: Path, created: bool):
-        self.output, self.created = output, created
-
-    def _handler(self, signum, frame) -> None:
-        _remove_if_empty(self.output, self.created)
-        err.print("\n[bold red]interrupted[/] while starting: nothing was written")
-        os._exit(130)
-
-
-class _interrupts(_SigintScope):
-    """Ctrl-C once: stop taking new images, finish the files being written, summary, exit 130. Twice: exit 130 at
-    once (temp files of this run removed first: no partial output, no abort from threads inside native code)."""
-
-    def __init__(self, output: Path):
-        self.output = output
-        self.count = 0
-
-    def _handler(self, signum, frame) -> None:
-        self.count += 1
-        if self.count == 1:
-            raise KeyboardInterrupt
-        from gpen_tune.pipeline.outputs import remove_stale_temp_files  # imported by the run already
-
-        remove_stale_temp_files(self.output, pid=os.getpid())   # images' and videos' temp files of this run
-        err.print("\n[bold red]interrupted twice:[/] stopped at once; every file written is complete")
-        os._exit(130)
+        return RayRun, ray_runner(output, ray_address, 0 if settings.device == "cpu" else 1)
+    return None, None

@@ -6,9 +6,8 @@ import cv2
 import numpy as np
 import torch
 
+from gpen_tune.choices import TEMPLATES
 from gpen_tune.ops.warp_crop import warp_crops
-
-TEMPLATES = ("gpen", "ffhq")
 
 # Classic 96x112 five-point set (x, y) that upstream GPEN pads to its template.
 _BASE_96x112 = np.array([

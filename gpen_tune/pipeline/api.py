@@ -10,6 +10,7 @@ sinks; `close()` releases the detector process and the parser.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,13 +19,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpen_tune.choices import DETECTOR_NAMES
 from gpen_tune.device_memory import trim_host_heap
+from gpen_tune.extras import require
 from gpen_tune.face.detect import BatchingDetector, default_notify, init_detector, serve
 from gpen_tune.face.parse import load_parser
 from gpen_tune.imageio import ImageReadError, Picture
 from gpen_tune.load import load_model
+from gpen_tune.pipeline.conflicts import check_detector_process
 from gpen_tune.pipeline.job import ImageJob, one_line_text
 from gpen_tune.pipeline.outputs import (
+    Inputs,
     OutputNaming,
     SideImages,
     check_output_dir,
@@ -34,13 +39,13 @@ from gpen_tune.pipeline.outputs import (
     remove_stale_temp_files,
 )
 from gpen_tune.pipeline.scheduler import RunSummary, SchedulerConfig, run_serial
-from gpen_tune.pipeline.settings import EnhanceSettings, resolve_device, resolve_weights
+from gpen_tune.pipeline.settings import EnhanceSettings, check_weights, resolve_device, resolve_weights
 from gpen_tune.pipeline.sinks import FileSink, MemorySink, Sink
 from gpen_tune.pipeline.sources import ArraySource, FileSource, Source
 from gpen_tune.pipeline.stages import Stages
 from gpen_tune.pipeline.threads import run_threaded
 from gpen_tune.restore import Restorer, build_restorer, default_batch_size
-from gpen_tune.tune.options import TuneConfig
+from gpen_tune.tune.options import TuneConfig, resolve_preset
 
 
 class Pipeline:
@@ -68,7 +73,7 @@ class Pipeline:
         self.cut_on_device = cut_on_device
         if restorer is None:
             device = (next(model.parameters()).device if model is not None
-                      else resolve_device(self.settings.device, notify))
+                      else resolve_device(self.settings.device, notify, model=self.settings.model))
             if model is None:
                 model = load_model(resolve_weights(self.settings, notify), model=self.settings.model, device=device)
             batch = self.settings.batch_size or default_batch_size(device, low_memory=self.tune.act_checkpoint)
@@ -80,6 +85,7 @@ class Pipeline:
         self.size = restorer.size
         self.weights_source = getattr(getattr(restorer, "model", None), "weights_source", None)
         self._given_detector = detector
+        self._detector_name: str | None = None   # what "auto" chose (prepare), for every later service
         self._detectors: dict[str, Any] = {}
         self._parser: Any = None
         self._parser_loaded = False
@@ -93,8 +99,9 @@ class Pipeline:
         if service not in self._detectors:
             s = self.settings
             self._detectors[service] = init_detector(
-                s.detector, device=self.device, weights=s.detector_weights, threshold=s.det_threshold,
-                det_size=s.det_size, notify=self.notify, service=service, lazy=self.tune.lazy_detector)
+                self._detector_name or s.detector, device=self.device, weights=s.detector_weights,
+                threshold=s.det_threshold, det_size=s.det_size, notify=self.notify, service=service,
+                lazy=self.tune.lazy_detector)
         return self._detectors[service]
 
     @property
@@ -113,6 +120,7 @@ class Pipeline:
         """The background upscaler of settings.bg_upsampler (None when not asked for)."""
         s = self.settings
         if self._upscaler is None and s.bg_upsampler is not None:
+            require("spandrel")
             from gpen_tune.background.upscale import load_upscaler  # optional: spandrel
 
             self._upscaler = load_upscaler(s.bg_upsampler, s.upscale, s.bg_weights, self.device, s.tile,
@@ -135,6 +143,8 @@ class Pipeline:
             return None
         _ = self.parser
         name = self.detector("inline").name
+        if self.settings.detector == "auto" and name in DETECTOR_NAMES:
+            self._detector_name = name   # auto decided once: later services are built without asking (or saying) again
         if self.device.type == "cpu":
             trim_host_heap()             # the weights' fp32 copies freed by the cast: back to the OS
         return name
@@ -154,9 +164,7 @@ class Pipeline:
             stages = self.stages("inline", save_faces, tracker, save_mask)
             return run_serial(source, stages, self.restorer, sink, batch_size=self.settings.batch_size,
                               on_result=on_result, on_faces=on_faces, before_restore=release)
-        if self.settings.detector_process and self.tune.lazy_detector:
-            raise ValueError("--detector-process runs the detector in its own process, which --lazy-detector "
-                             "cannot release: choose one")
+        check_detector_process(self.settings.detector_process, self.tune.lazy_detector)
         stages = self.stages("process" if self.settings.detector_process else "thread", save_faces, tracker,
                              save_mask)
         return run_threaded(source, stages, self.restorer, sink, config, on_result=on_result, on_faces=on_faces,
@@ -198,9 +206,16 @@ class Pipeline:
         self.close()
 
 
+class InputError(ValueError):
+    """The inputs name nothing to restore (every name missing or empty); raised before any work (one line)."""
+
+
 @dataclass
 class EnhanceResult:
-    """What `enhance` did: the run's jobs (source order), plus what never entered it."""
+    """What `enhance` did: the run's jobs (source order), plus what never entered it.
+
+    `summary.wall_s` is the whole call (photos and videos); a video is one job whose `video` holds its frames and
+    faces, so `images` counts photos and `frames` video frames."""
 
     summary: RunSummary
     missing: list[str]                   # names on the command line that gave nothing (one line each)
@@ -216,6 +231,20 @@ class EnhanceResult:
     @property
     def failed(self) -> int:
         return self.summary.failed + len(self.refused) + len(self.missing)
+
+    @property
+    def wall_s(self) -> float:
+        return self.summary.wall_s
+
+    @property
+    def faces(self) -> int:
+        """Faces restored, in photos and video frames."""
+        return self.summary.faces
+
+    @property
+    def frames(self) -> int:
+        """Video frames written."""
+        return sum(int(j.video.get("frames", 0)) for j in self.summary.results if j.video is not None)
 
     @property
     def exit_code(self) -> int:
@@ -234,16 +263,21 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
             notify: Callable[[str], None] = default_notify, report: str | Path | None = None) -> EnhanceResult:
     """Restore every face of every image named by `inputs` (files, folders, globs) into `outdir`.
 
-    Outputs are planned before any work (two inputs on one output, or an output onto an input, raise
-    `OutputError`); an existing output is refused, replaced or kept by `existing` ("refuse" | "overwrite" |
-    "skip"). Several inputs take the threaded scheduler, one input (or `serial=True`) the serial path.
-    Videos among the inputs go through the same pipeline one after the other (`video`: codec, quality,
-    smoothing), each written whole or not at all. `on_start(n)` is told how many images and video frames will
-    run, before the first. `report`: the file the caller will write the report to (refused when it is an input or
-    an output). Temp files that killed runs left in `outdir` are removed first.
+    Before any work (no model loaded, no folder created): inputs that name nothing raise `InputError`, missing
+    weights `WeightsNotFoundError` (see `resolve_weights`). Outputs are planned before any work (two inputs on one
+    output, or an output onto an input, raise `OutputError`); an existing output is refused, replaced or kept by
+    `existing` ("refuse" | "overwrite" | "skip"). `tune` None (and no `pipeline`): preset auto for the device.
+    Several inputs take the threaded scheduler, one input (or `serial=True`) the serial path. Videos among the
+    inputs go through the same pipeline one after the other (`video`: codec, quality, smoothing), each written
+    whole or not at all. `on_start(n)` is told how many images and video frames will run, before the first.
+    `report`: the file the caller will write the report to (refused when it is an input or an output). Temp files
+    that killed runs left in `outdir` are removed first.
     """
-    names = [inputs] if isinstance(inputs, str | Path) else list(inputs)
-    found = collect_inputs([str(n) for n in names], recursive)
+    t0 = time.perf_counter()
+    found = collect_existing_inputs(inputs, recursive)
+    require_parts(settings or getattr(pipeline, "settings", None) or EnhanceSettings(), found)
+    if pipeline is None:
+        settings, tune = with_default_tune(settings, tune, notify)
     outdir = Path(outdir)
     naming = OutputNaming(outdir, ext=ext, suffix=suffix, pattern=name_pattern, replace=existing == "overwrite")
     check_output_dir(outdir)
@@ -279,11 +313,44 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
     finally:
         if own:
             pipe.close()
+    summary.wall_s = time.perf_counter() - t0           # the whole call: videos and the model's loading too
     nonfinite = _nonfinite(pipe) - nonfinite_before
     if nonfinite:
         notify(f"{nonfinite} faces gave a non-finite generator output and were left as the input: the weights may be "
                "damaged (check them with `gpen-tune weights verify`)")
     return EnhanceResult(summary, found.missing, found.passed_over, refused, skipped, nonfinite)
+
+
+def collect_existing_inputs(inputs: str | Path | Sequence[str | Path], recursive: bool = False) -> Inputs:
+    """The inputs' files (as `collect_inputs`); raises InputError when they name no file at all, so a typo fails
+    before the model loads and before the output folder is created."""
+    names = [inputs] if isinstance(inputs, str | Path) else list(inputs)
+    found = collect_inputs([str(n) for n in names], recursive)
+    if not found.files:
+        raise InputError("; ".join(found.missing) if found.missing else
+                         "no input given: pass files, folders or globs")
+    return found
+
+
+def require_parts(settings: EnhanceSettings, found: Inputs) -> None:
+    """MissingPart (one line naming the extra to install) when the settings or the inputs need an optional part
+    that is not installed: spandrel for a background upscaler, PyAV for videos."""
+    if settings.bg_upsampler is not None:
+        require("spandrel")
+    if any(is_video(path) for path, _ in found.files):
+        require("av")
+
+
+def with_default_tune(settings: EnhanceSettings | None, tune: TuneConfig | None,
+                      notify: Callable[[str], None] = default_notify) -> tuple[EnhanceSettings, TuneConfig | None]:
+    """Settings whose weights exist (else WeightsNotFoundError, before any work) and, for `tune` None, preset auto
+    for their device (the device decided here once, so its notice is given once)."""
+    settings = settings or EnhanceSettings()
+    check_weights(settings)
+    if tune is not None:
+        return settings, tune
+    device = resolve_device(settings.device, notify, model=settings.model)
+    return replace(settings, device=str(device)), resolve_preset("auto", device)[1]
 
 
 def _nonfinite(pipe: Any) -> int:
@@ -355,12 +422,15 @@ def enhance_image(image: str | Path | np.ndarray, settings: EnhanceSettings | No
     """Restore every face of one image; returns the result as an array (gray, RGB or RGBA, as the input).
 
     Example: `gpen_tune.enhance_image("photo.jpg", weights="GPEN-BFR-512", device="cuda")`; keyword overrides
-    are EnhanceSettings fields."""
+    are EnhanceSettings fields. `tune` None: preset auto for the device. Without weights and without the cached
+    official file this raises WeightsNotFoundError before any work (`weights="synthetic"` for a dry run)."""
+    if pipeline is not None:
+        return pipeline.enhance_image(image)
     if settings is None:
         settings = EnhanceSettings(**overrides)
     elif overrides:
         settings = replace(settings, **overrides)
-    if pipeline is not None:
-        return pipeline.enhance_image(image)
+    require_parts(settings, Inputs())                     # before the model loads, as enhance
+    settings, tune = with_default_tune(settings, tune)
     with Pipeline(settings, tune) as pipe:
         return pipe.enhance_image(image)

@@ -11,14 +11,13 @@ from dataclasses import dataclass
 
 import torch
 
-from gpen_tune.face.detect import DEFAULT_DET_SIZE, DETECTOR_NAMES, default_notify
+from gpen_tune.choices import BG_UPSAMPLERS, DETECTOR_NAMES, DEVICES, TEMPLATES
+from gpen_tune.face.detect import DEFAULT_DET_SIZE, default_notify
 from gpen_tune.model.configs import model_info
 from gpen_tune.png_encode import PNG_LEVEL
 from gpen_tune.tune.hardware import mps_available
-from gpen_tune.weights.cache import cached_file
+from gpen_tune.weights.cache import WeightsNotFoundError, cached_file
 
-DEVICES = ("auto", "cuda", "cpu", "mps")
-TEMPLATES = ("gpen", "ffhq")
 PASTE_MODES = ("auto", "cpu", "gpu")
 DEFAULT_MODEL = "GPEN-BFR-512"
 
@@ -28,7 +27,7 @@ class EnhanceSettings:
     """What a user chooses for `gpen-tune enhance` and `gpen_tune.enhance*` (tune switches: TuneConfig)."""
 
     model: str = DEFAULT_MODEL           # registry name: fixes the architecture and the crop size
-    weights: str | None = None           # path | registry name | "synthetic"; None = cached file, else synthetic
+    weights: str | None = None           # path | registry name | "synthetic"; None = the cached official file
     template: str = "gpen"               # "gpen" (upstream) or "ffhq" (GFPGAN / facefusion)
     detector: str = "auto"
     detector_weights: str | None = None  # RetinaFace file or URL
@@ -60,15 +59,15 @@ class EnhanceSettings:
         if self.device not in DEVICES and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.template not in TEMPLATES:
-            raise ValueError(f"template must be 'gpen' or 'ffhq', got {self.template!r}")
+            raise ValueError(f"template must be one of {', '.join(TEMPLATES)}, got {self.template!r}")
         if self.detector not in DETECTOR_NAMES:
             raise ValueError(f"unknown detector {self.detector!r}; choose one of: {', '.join(DETECTOR_NAMES)}")
         if self.paste not in PASTE_MODES:
             raise ValueError(f"paste must be one of {', '.join(PASTE_MODES)}, got {self.paste!r}")
         if self.det_size is not None and self.det_size < 1:
             raise ValueError(f"det_size must be >= 1 or None (native size), got {self.det_size}")
-        if self.bg_upsampler is not None and self.bg_upsampler not in ("realesrnet", "realesrgan"):
-            raise ValueError(f"bg_upsampler must be 'realesrnet' or 'realesrgan', got {self.bg_upsampler!r}")
+        if self.bg_upsampler is not None and self.bg_upsampler not in BG_UPSAMPLERS:
+            raise ValueError(f"bg_upsampler must be one of {', '.join(BG_UPSAMPLERS)}, got {self.bg_upsampler!r}")
         if self.upscale not in (2, 4):
             raise ValueError(f"upscale must be 2 or 4, got {self.upscale}")
         if self.tile < 0:
@@ -77,11 +76,12 @@ class EnhanceSettings:
 
 
 def resolve_device(name: str = "auto", notify: Callable[[str], None] = default_notify, *,
-                   cuda: bool | None = None, mps: bool | None = None) -> torch.device:
+                   cuda: bool | None = None, mps: bool | None = None, model: str = DEFAULT_MODEL) -> torch.device:
     """auto: cuda > mps > cpu, with a loud notice on the CPU; explicit choices are checked.
 
     `cuda` / `mps`: whether each backend is usable (None: ask torch, `gpen_tune.tune.hardware.mps_available`);
-    given, the choice is decided from them alone (how the rule is tested without the hardware)."""
+    given, the choice is decided from them alone (how the rule is tested without the hardware). `model` is the one
+    the CPU notice names."""
     has_cuda = torch.cuda.is_available() if cuda is None else cuda
     has_mps = mps_available() if mps is None else mps
     if name == "auto":
@@ -90,7 +90,7 @@ def resolve_device(name: str = "auto", notify: Callable[[str], None] = default_n
         if has_mps:
             notify("Apple MPS: running on the Mac's GPU (preset auto takes fp16 there; bf16 needs macOS 14+).")
             return torch.device("mps")
-        notify("NO GPU FOUND: running on the CPU, expect seconds per face (GPEN-BFR-512). "
+        notify(f"NO GPU FOUND: running on the CPU, expect seconds per face ({model}). "
                "Pass --device cpu to silence this, or check `gpen-tune doctor`.")
         return torch.device("cpu")
     if name.startswith("cuda") and not has_cuda:
@@ -103,15 +103,33 @@ def resolve_device(name: str = "auto", notify: Callable[[str], None] = default_n
 
 
 def resolve_weights(settings: EnhanceSettings, notify: Callable[[str], None] = default_notify) -> str:
-    """The weights argument for load_model: as given, else the cached registry file, else synthetic (loudly)."""
+    """The weights argument for load_model: as given (synthetic said loudly), else the cached registry file.
+
+    Without `weights` and without the cached official file this raises WeightsNotFoundError: random weights
+    would write coloured blobs over every face and exit 0, so synthetic weights are only ever taken when asked for
+    (`weights="synthetic"`, a dry run)."""
     if settings.weights:
         if settings.weights == "synthetic":
             synthetic_notice(settings.model, notify)
         return settings.weights
-    if cached_file(model_info(settings.model).filename).is_file():
-        return settings.model
-    synthetic_notice(settings.model, notify)
-    return "synthetic"
+    check_weights(settings)
+    return settings.model
+
+
+def check_weights(settings: EnhanceSettings) -> None:
+    """Raise WeightsNotFoundError (one line: the model, its URL, the cache path, the ways out) when no weights are
+    given and the official file is not cached; quiet otherwise. Called before any work."""
+    if settings.weights:
+        return
+    info = model_info(settings.model)
+    path = cached_file(info.filename)
+    if path.is_file():
+        return
+    source = f"; {info.name} is {info.source_note}" if "modelscope" in info.source_note.lower() else ""
+    raise WeightsNotFoundError(
+        f"no weights for {info.name}: {info.filename} is not in the cache ({path}). Download it with "
+        f"`gpen-tune weights download {info.name}` (from {info.urls[0]}) or pass --weights PATH; for a dry run "
+        f"with random weights (faces not restored) pass --weights synthetic{source}")
 
 
 def synthetic_notice(model: str, notify: Callable[[str], None]) -> None:

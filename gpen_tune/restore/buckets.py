@@ -10,7 +10,7 @@ from __future__ import annotations
 BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 
 
-# --checkpoint (as in --preset low-memory) on a GPU: one face per call. GPEN-BFR-512 in bf16 under a 4 GiB cap:
+# --act-checkpoint (as in --preset low-memory) on a GPU: one face per call. GPEN-BFR-512 in bf16 under a 4 GiB cap:
 # one call's peak above the weights 227 MiB at batch 1, 583 MiB at batch 2 (benchmarks/results/
 # 20261202-005540_low_memory_low-memory_bs1.json, -005523_...json: generator_call_peak_mib); with 164 MiB of
 # weights, batch 2 alone leaves nothing of the 700 MiB budget for the detector and the paste.
@@ -21,7 +21,7 @@ def default_batch_size(device, low_memory: bool = False) -> int:
     """Faces per generator call unless the user says otherwise.
 
     CUDA: 32 (a bucket; GPEN-512 bs32 fits a few GiB in half precision and the restorer splits on OOM), or
-    LOW_MEMORY_BATCH with `low_memory` (--checkpoint, as in --preset low-memory: sized for a 4 GiB GPU's 700 MiB
+    LOW_MEMORY_BATCH with `low_memory` (--act-checkpoint, as in --preset low-memory: sized for a 4 GiB GPU's 700 MiB
     peak budget with GPEN-512 in bf16; benchmarks/low_memory.py measures it). CPU: 1: a bigger batch is not
     faster per face on a CPU (the convolutions already fill the cores at batch 1) and every face of a batch adds
     its activations to the resident memory (GPEN-512 fp32 batch 8: > 4 GB). Elsewhere (MPS) 8."""

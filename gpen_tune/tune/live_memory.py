@@ -2,7 +2,7 @@
 
 A TorchDispatchMode sees every tensor an op returns; each new storage is counted until the last tensor using it
 dies (weakref finalizers). Storages that exist before the call (weights, buffers, the input) are not counted:
-the result is the activation peak, what `--checkpoint` and `--amp` change. Allocator rounding, cuDNN
+the result is the activation peak, what `--act-checkpoint` and `--amp` change. Allocator rounding, cuDNN
 workspaces and the caching allocator's reserve are not included; on CUDA prefer torch.cuda.max_memory_allocated.
 """
 

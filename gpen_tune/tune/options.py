@@ -52,7 +52,7 @@ class TuneConfig:
         tolerance=">= 40 dB PSNR vs fp32 (measured: fp16 ~ 64 dB, bf16 ~ 50 dB)",
         requires="bf16: GPUs with bf16 (Ampere or newer) or the CPU; fp16: CUDA or a CPU with fp16 convs")
     act_checkpoint: bool = _switch(
-        False, flag="--checkpoint",
+        False, flag="--act-checkpoint",
         short="Lower the generator's memory peak: free encoder features early, recompute two.",
         help="Lower the generator's inference memory peak: each encoder feature is freed after its last use, the "
              "two largest are recomputed when the decoder needs them (a few % more compute), and each feature is "
@@ -154,7 +154,7 @@ PRESETS: dict[str, TuneConfig] = {
     "mps": TuneConfig(lazy_detector=False, compile=None, amp="fp16", act_checkpoint=False, face_crop=True,
                       cuda_graph=False, fused=True),
 }
-PRESET_NAMES: tuple[str, ...] = ("auto", *PRESETS)
+PRESET_NAMES: tuple[str, ...] = ("auto", *PRESETS, "none")   # none: every switch off but face_crop
 
 GiB = 1024**3
 # `auto` thresholds on *free* device memory (torch.cuda.mem_get_info), sized for GPEN-BFR-512: fp32 batch 16 peaks
@@ -207,8 +207,8 @@ def device_memory(device) -> tuple[int | None, int | None]:
 
 def resolve_preset(name: str | None, device="cuda") -> tuple[str, TuneConfig, str]:
     """A preset by name; 'auto' measures free memory on a CUDA `device`, reads the CPU's capabilities on the CPU
-    and takes preset mps on Apple MPS. None = all off."""
-    if name is None:
+    and takes preset mps on Apple MPS. None or "none" = all off but face_crop (the fp32 eager generator)."""
+    if name is None or name == "none":
         return "none", TuneConfig(), "no preset: all switches off unless given"
     if name == "auto" and str(device).startswith("mps"):
         return "mps", PRESETS["mps"], "Apple MPS: preset mps (fp16, fused)"
@@ -235,7 +235,7 @@ def with_overrides(base: TuneConfig, **overrides) -> TuneConfig:
 
 
 def cli_flags(cfg: TuneConfig, generator_only: bool = False) -> str:
-    """The `gpen-tune` flags that turn cfg's switches on, in APPLY_ORDER, e.g. '--checkpoint --amp bf16'.
+    """The `gpen-tune` flags that turn cfg's switches on, in APPLY_ORDER, e.g. '--act-checkpoint --amp bf16'.
 
     face_crop is the enhance default: it is spelled only when off (--no-face-crop), and `generator_only` leaves it
     out (bench rows time the generator, which face_crop does not touch)."""

@@ -70,6 +70,15 @@ def encoder_available(name: str) -> bool:
     return True
 
 
+def check_encoder(name: str) -> None:
+    """EncoderError (one line) unless this FFmpeg build has the video encoder `name` and it opens here: a wrong
+    --codec fails before any work, not at the first video."""
+    if not encoder_available(name):
+        software = ", ".join(enc for enc, _, _, _ in FAMILIES.values() if encoder_available(enc))
+        raise EncoderError(f"--codec {name}: no such video encoder in this FFmpeg build (PyAV), or it does not open "
+                           f"here (hardware encoders need their driver); use one of {software}")
+
+
 def quality_options(codec: str, crf: float | None, preset: str | None = None) -> dict[str, str]:
     """Encoder options for constant quality `crf` (None: the codec's visually lossless default); `preset`: the
     libx264/libx265 speed preset (None: medium; other encoders ignore it)."""

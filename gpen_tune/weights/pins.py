@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from gpen_tune.file_mode import new_file_mode
 from gpen_tune.weights.cache import cache_dir
 
 PINS_FILE = "sha256-pins.json"
@@ -87,6 +88,7 @@ def _write(pins: dict[str, Pin]) -> None:
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, new_file_mode())               # the user's umask (mkstemp makes 0600)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

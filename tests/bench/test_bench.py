@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import stat
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from typer.testing import CliRunner
 
 from gpen_tune.bench import SCHEMA, select_rows
 from gpen_tune.cli.bench import bench
+from gpen_tune.file_mode import new_file_mode
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.one_thread
 
@@ -55,6 +57,8 @@ def test_bench_writes_json_markdown_and_png(bench_run):
     assert result.exit_code == 0, result.output
     jsons = list(out.glob("*.json"))
     assert len(jsons) == 1
+    for path in (jsons[0], *out.glob("*.md")):             # the user's umask, as the images (not mkstemp's 0600)
+        assert stat.S_IMODE(path.stat().st_mode) == new_file_mode(), path
     data = json.loads(jsons[0].read_text())
     assert data["schema"] == SCHEMA
     meta = data["meta"]
@@ -91,10 +95,11 @@ def test_bench_writes_json_markdown_and_png(bench_run):
     assert "preset low-memory" in result.output
 
     md = next(out.glob("*.md")).read_text()
-    assert "| default (fp32 eager, all off) |" in md and "skipped: cuda_graph: CUDA Graphs need a CUDA device" in md
+    assert "| default (fp32 eager, all off) |" in md
+    assert "| --cuda-graph | skipped: CUDA Graphs need a CUDA device" in md
     with Image.open(next(out.glob("*.png"))) as png:
         assert png.format == "PNG" and png.size[0] > 500
-    assert "skip cuda_graph" in result.output  # says why on the console too
+    assert "skip cuda_graph: CUDA Graphs" in result.output  # says why on the console too, naming the row once
     assert meta["complete"] is True and meta["tf32"] == "PyTorch defaults"
     for key in ("cudnn_allow_tf32", "matmul_allow_tf32", "float32_matmul_precision"):
         assert key in meta

@@ -34,6 +34,7 @@ from gpen_tune.pipeline.api import enhance
 from gpen_tune.pipeline.outputs import OutputNaming
 from gpen_tune.pipeline.sinks import MemorySink
 from gpen_tune.pipeline.sources import ArraySource
+from gpen_tune.tune import TuneConfig
 
 pytestmark = pytest.mark.slow        # each run starts two worker processes (torch, the generator, the detector)
 REPO = Path(__file__).resolve().parents[2]
@@ -43,7 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 def plain(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray], dict[str, str]]:
     tmp = tmp_path_factory.mktemp("plain")
     folder = mixed_folder(tmp / "in")
-    result = enhance([folder], tmp / "out", settings(), ext=EXT)
+    result = enhance([folder], tmp / "out", settings(), TuneConfig(), ext=EXT)   # as the pools: all off
     return folder, read_outputs(tmp / "out"), {Path(j.source).name: j.status for j in result.jobs}
 
 

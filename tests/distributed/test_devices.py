@@ -27,6 +27,7 @@ from gpen_tune.pipeline.api import Pipeline, enhance
 from gpen_tune.pipeline.scheduler import SchedulerConfig
 from gpen_tune.pipeline.sinks import MemorySink
 from gpen_tune.pipeline.sources import ArraySource
+from gpen_tune.tune import TuneConfig
 from gpen_tune.video.stream import enhance_frames
 
 SMALL = SchedulerConfig(workers=1, prepare_workers=1, max_inflight=2)
@@ -37,7 +38,7 @@ def plain(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray], dict[str, str]
     """The mixed folder through one pipeline: (input folder, outputs, status per input)."""
     tmp = tmp_path_factory.mktemp("plain")
     folder = mixed_folder(tmp / "in")
-    result = enhance([folder], tmp / "out", settings(), ext=EXT)
+    result = enhance([folder], tmp / "out", settings(), TuneConfig(), ext=EXT)   # as the pools: all off
     return folder, read_outputs(tmp / "out"), {Path(j.source).name: j.status for j in result.jobs}
 
 

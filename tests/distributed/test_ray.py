@@ -12,6 +12,7 @@ import pytest
 from distributed_data import BROKEN, EXT, assert_same_outputs, mixed_folder, read_outputs, settings
 
 from gpen_tune.pipeline.api import enhance
+from gpen_tune.tune import TuneConfig
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
@@ -33,7 +34,7 @@ def local_ray():
 def plain(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray], dict[str, str]]:
     tmp = tmp_path_factory.mktemp("plain")
     folder = mixed_folder(tmp / "in")
-    result = enhance([folder], tmp / "out", settings(), ext=EXT)
+    result = enhance([folder], tmp / "out", settings(), TuneConfig(), ext=EXT)   # as the pools: all off
     return folder, read_outputs(tmp / "out"), {Path(j.source).name: j.status for j in result.jobs}
 
 

@@ -109,7 +109,7 @@ def invoke(args: list[str]):
 
 def common_args(out: Path) -> list[str]:
     return ["-o", str(out), "--weights", str(checkpoint_file(MODEL)), "--model", MODEL, "--detector", "mtcnn",
-            "--device", "cpu", "--ext", "png"]
+            "--device", "cpu", "--ext", "png", "--preset", "none"]      # the fp32 generator the goldens hold
 
 
 # ---------------------------------------------------------------------------------------------------- cases
@@ -152,8 +152,10 @@ def case_cli_variants(tmp: Path) -> dict[str, np.ndarray]:
 def case_library(tmp: Path) -> dict[str, np.ndarray]:
     """`gpen_tune.enhance_image` on an array, with the parse mask."""
     import gpen_tune
+    from gpen_tune.tune import TuneConfig
 
-    common = dict(weights=str(checkpoint_file(MODEL)), model=MODEL, detector="mtcnn", device="cpu")
+    common = dict(weights=str(checkpoint_file(MODEL)), model=MODEL, detector="mtcnn", device="cpu",
+                  tune=TuneConfig())                                 # the fp32 generator the goldens hold
     return {
         "library_mosaic": gpen_tune.enhance_image(samples.mosaic(6, 0), **common, batch_size=4),
         "library_parse_mask": gpen_tune.enhance_image(samples.astronaut(), **common, parse_mask=True,

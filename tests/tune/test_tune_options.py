@@ -44,19 +44,21 @@ def test_overrides_win_and_validation():
 
 
 def test_cli_options_build_the_config_and_say_where_it_came_from():
-    from gpen_tune.cli._options import AmpMode, CompileMode, Preset, tune_config_from_options
+    from gpen_tune.cli._options import tune_config_from_options
 
-    cfg, line = tune_config_from_options(Preset.low_memory, compile=CompileMode.default, cuda_graph=True)
+    cfg, line = tune_config_from_options("low-memory", compile="default", cuda_graph=True)
     assert cfg == with_overrides(PRESETS["low-memory"], compile="default", cuda_graph=True)
     assert line.startswith("preset low-memory") and "compile=default" in line
 
-    cfg, line = tune_config_from_options(Preset.auto, device="cpu")
+    cfg, line = tune_config_from_options("auto", device="cpu")
     assert cfg.fused and not cfg.cuda_graph and "preset cpu" in line
 
-    cfg, _ = tune_config_from_options(None, amp=AmpMode.fp16)
+    cfg, _ = tune_config_from_options(None, amp="fp16")
     assert cfg == TuneConfig(face_crop=True, amp="fp16")  # no preset: all off but the enhance default face_crop
-    cfg, _ = tune_config_from_options(Preset.speed, compile=CompileMode.off, face_crop=False)
+    cfg, _ = tune_config_from_options("speed", compile="off", face_crop=False)
     assert cfg.compile is None and cfg.face_crop is False and cfg.amp == "bf16"
+    cfg, line = tune_config_from_options("none", act_checkpoint=True)
+    assert cfg == TuneConfig(act_checkpoint=True) and line.startswith("no preset")   # none: every switch off
 
 
 def test_tune_config_plugs_into_the_pipeline():

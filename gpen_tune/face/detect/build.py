@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from gpen_tune.choices import DETECTOR_NAMES
 from gpen_tune.face.detect.base import DEFAULT_DET_SIZE, DetectorError, FaceDetector, default_notify
 from gpen_tune.face.detect.mtcnn import MTCNNDetector
 from gpen_tune.face.detect.retinaface import RetinaFaceDetector
@@ -18,8 +19,6 @@ from gpen_tune.face.detect.weights import (
     auto_retinaface_weights,
     resolve_retinaface,
 )
-
-DETECTOR_NAMES = ("auto", "retinaface_resnet50", "retinaface_mobile0.25", "mtcnn")
 
 
 def build_backend(
