@@ -45,8 +45,7 @@ Examples:\n
   gpen-tune enhance photo.jpg -o out/\n
   gpen-tune enhance albums/ -r -o restored/ --report report.json\n
   gpen-tune enhance 'scans/*.png' -o out/ -w 0.7 --ext jpg --suffix _gpen --skip-existing\n
-  gpen-tune enhance clip.mp4 photos/ -o out/ --codec libx265\n
-  gpen-tune enhance photo.jpg -o test/ --weights synthetic   (a dry run: random weights)
+  gpen-tune enhance clip.mp4 photos/ -o out/ --codec libx265
 """
 
 
@@ -83,8 +82,8 @@ def enhance(
                                     help="Also write the paste's blend weights as a grey image (OUT/masks/).")]
     = False,
     strength: Annotated[float, _opt("-w", "--strength", panel=FACE_PANEL, metavar="0..1", show_default=False,
-                                    help="Restored over original: 0 = unchanged, 1 = restored (default); not "
-                                    "GFPGAN/CodeFormer's -w (fidelity, 0.5).")] = 1.0,
+                                    help="0 = unchanged, 1 = restored (default); not GFPGAN/CodeFormer's -w "
+                                    "(fidelity).")] = 1.0,
     aligned: Annotated[bool, _opt("--aligned", panel=FACE_PANEL, help="Inputs are aligned face crops.")] = False,
     only_center_face: Annotated[bool, _opt("--only-center-face", panel=FACE_PANEL,
                                            help="Restore only the face nearest the centre.")] = False,
@@ -107,8 +106,8 @@ def enhance(
     model: Annotated[str, _opt("--model", panel=MODEL_PANEL, show_default=False,
                                help="A model of `gpen-tune weights list` (default GPEN-BFR-512).")] = "GPEN-BFR-512",
     weights: Annotated[str | None, _opt("--weights", panel=MODEL_PANEL, metavar="PATH|NAME",
-                                        help="A .pth file, a registry name, or 'synthetic' for a dry run with random "
-                                        "weights (default: the cached official file).")] = None,
+                                        help="PATH, registry name or 'synthetic' (a dry run); default: the cached "
+                                        "official file.")] = None,
     device: Annotated[str, _opt("--device", panel=MODEL_PANEL, show_default=False, parser=choice(DEVICES),
                                 help=f"{spelled(DEVICES, 'auto')}; auto = cuda > mps > cpu.")] = "auto",
     detector: Annotated[str, _opt("--detector", panel=DETECT_PANEL, metavar="NAME", show_default=False,
