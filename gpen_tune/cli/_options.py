@@ -48,7 +48,7 @@ def preset_option(default: str | None) -> typer.models.OptionInfo:
     """--preset NAME; `default` is said in the help (enhance: auto; bench: none given = its own rows)."""
     said = spelled(PRESET_NAMES, default)
     return typer.Option("--preset", metavar="NAME", parser=choice(PRESET_NAMES, case_sensitive=False),
-                        help=f"{said}: auto picks by device and memory; none: all off; flags override it.",
+                        help=f"{said}; the flags below override it.",
                         rich_help_panel=PANEL,
                         show_default=False)
 

@@ -30,6 +30,7 @@ from gpen_tune.cli._options import panel_option as _opt  # short: it is on every
 from gpen_tune.cli._run import RunOptions, run_command
 from gpen_tune.extras import MissingPart, require
 from gpen_tune.pipeline.conflicts import check_detector_process, check_scale_out, existing_policy
+from gpen_tune.video_presets import encoder_preset_for
 
 IO_PANEL = "Inputs and outputs"
 FACE_PANEL = "Faces"
@@ -44,7 +45,6 @@ EXAMPLES = """
 Examples:\n
   gpen-tune enhance photo.jpg -o out/\n
   gpen-tune enhance albums/ -r -o restored/ --report report.json\n
-  gpen-tune enhance 'scans/*.png' -o out/ -w 0.7 --ext jpg --suffix _gpen --skip-existing\n
   gpen-tune enhance clip.mp4 photos/ -o out/ --codec libx265
 """
 
@@ -82,8 +82,7 @@ def enhance(
                                     help="Also write the paste's blend weights as a grey image (OUT/masks/).")]
     = False,
     strength: Annotated[float, _opt("-w", "--strength", panel=FACE_PANEL, metavar="0..1", show_default=False,
-                                    help="0 = unchanged, 1 = restored (default); not GFPGAN/CodeFormer's -w "
-                                    "(fidelity).")] = 1.0,
+                                    help="Restored share (default 1); not GFPGAN/CodeFormer's -w.")] = 1.0,
     aligned: Annotated[bool, _opt("--aligned", panel=FACE_PANEL, help="Inputs are aligned face crops.")] = False,
     only_center_face: Annotated[bool, _opt("--only-center-face", panel=FACE_PANEL,
                                            help="Restore only the face nearest the centre.")] = False,
@@ -168,6 +167,7 @@ def enhance(
     to_ray = ray or ray_address is not None
     try:
         existing = existing_policy(overwrite, skip_existing)
+        encoder_speed = encoder_preset_for(video_preset, preset)
         check_scale_out(devices, to_ray)
         for needed, part in ((to_ray, "ray"), (bg_upsampler is not None, "spandrel")):
             if needed:
@@ -189,12 +189,6 @@ def enhance(
     out.print(f"optimizations: {origin}", highlight=False, soft_wrap=True)
     from gpen_tune.pipeline.api import VideoOptions  # heavy: torch (fast --help)
     from gpen_tune.pipeline.scheduler import SchedulerConfig  # heavy: torch (fast --help)
-    from gpen_tune.video_presets import encoder_preset_for
-
-    try:
-        encoder_speed = encoder_preset_for(video_preset, preset)
-    except ValueError as e:
-        raise failure(e) from None
     options = RunOptions(recursive=recursive, ext=ext, suffix=suffix, name_pattern=name_pattern, existing=existing,
                          save_faces=save_faces, save_comparison=save_comparison, save_mask=save_mask,
                          serial=serial or None, config=SchedulerConfig(workers=workers),
