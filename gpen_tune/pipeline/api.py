@@ -275,7 +275,8 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
     """
     t0 = time.perf_counter()
     found = collect_existing_inputs(inputs, recursive)
-    require_parts(settings or getattr(pipeline, "settings", None) or EnhanceSettings(), found)
+    settings = settings or getattr(pipeline, "settings", None) or EnhanceSettings()   # a given pipeline's own
+    require_parts(settings, found)
     if pipeline is None:
         settings, tune = with_default_tune(settings, tune, notify)
     outdir = Path(outdir)
