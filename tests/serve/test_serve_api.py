@@ -51,7 +51,7 @@ def enhanced(photos, weights, tmp_path_factory) -> dict[str, bytes]:
     argv = ["enhance"] if hasattr(command, "commands") else []
     res = CliRunner().invoke(cli_app, argv + [str(p) for p in photos] + [
         "-o", str(out), "--weights", str(weights), "--model", MODEL, "--detector", "mtcnn", "--device", "cpu",
-        "--ext", "png", "--suffix", "_x"], catch_exceptions=False)
+        "--ext", "png", "--suffix", "_x", "--preset", "none"], catch_exceptions=False)   # the server's fp32 generator
     assert res.exit_code == 0, res.output
     return {p.name: (out / f"{p.stem}_x.png").read_bytes() for p in photos}
 
