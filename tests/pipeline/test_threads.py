@@ -286,17 +286,17 @@ def test_interrupt_while_writing_leaves_no_partial_file(pipe, tmp_path, monkeypa
     import gpen_tune.imageio as imageio
 
     paths = _interrupt_paths(tmp_path, 6)
-    real = imageio._write_8_bit
+    real = imageio._write_png
     count = {"n": 0}
 
-    def write_then_interrupt(pic, tmp, fmt):
+    def write_then_interrupt(pic, tmp, level):
         count["n"] += 1
         if count["n"] == 3:
             Path(tmp).write_bytes(b"\x89PNG half a file")     # the encoder got part-way
             raise KeyboardInterrupt
-        real(pic, tmp, fmt)
+        real(pic, tmp, level)
 
-    monkeypatch.setattr(imageio, "_write_8_bit", write_then_interrupt)
+    monkeypatch.setattr(imageio, "_write_png", write_then_interrupt)
     out = tmp_path / "out"
     summary = enhance(paths, out, pipeline=pipe, config=SchedulerConfig(workers=1)).summary
     assert summary.interrupted and summary.ok == 2 and summary.dropped == 4
