@@ -27,6 +27,7 @@ _LAZY = {
     "EnhanceSettings": "settings", "SchedulerConfig": "scheduler", "RunSummary": "scheduler",
     "FileSource": "sources", "ArraySource": "sources", "SourceItem": "sources",
     "FileSink": "sinks", "MemorySink": "sinks", "OutputNaming": "outputs", "ImageJob": "job",
+    "Steps": "steps", "enhance_video": "video", "enhance_frames": "video",
 }
 
 __all__ = sorted(_LAZY)

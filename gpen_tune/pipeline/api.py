@@ -384,8 +384,8 @@ def _run_video(pipe: Pipeline, index: int, file: tuple[Path, str], naming: Outpu
                options: VideoOptions | None, config: SchedulerConfig, on_result, on_faces, notify
                ) -> tuple[ImageJob, bool]:
     """One video as one job of the run's results (its frames' own jobs stay inside); (job, interrupted)."""
+    from gpen_tune.pipeline.video import enhance_video  # heavy: av (PyAV), only when a video is among the inputs
     from gpen_tune.video.reader import VideoReadError  # heavy: av (PyAV), only when a video is among the inputs
-    from gpen_tune.video.stream import enhance_video  # heavy: av (PyAV), only when a video is among the inputs
     from gpen_tune.video.writer import VideoWriteError  # heavy: av (PyAV), only when a video is among the inputs
 
     options = options or VideoOptions()
