@@ -43,9 +43,10 @@ from gpen_tune.model.configs import model_info
 from gpen_tune.pipeline.api import EnhanceResult, Pipeline
 from gpen_tune.pipeline.job import FaceCrop, ImageJob, one_line
 from gpen_tune.pipeline.outputs import OutputNaming, check_output_dir, collect_inputs, is_video, plan_outputs
-from gpen_tune.pipeline.scheduler import RunSummary
+from gpen_tune.pipeline.scheduler import RunSummary, dropped
 from gpen_tune.pipeline.settings import EnhanceSettings, resolve_weights
 from gpen_tune.pipeline.sinks import FileSink
+from gpen_tune.pipeline.sources import FileSource, Source
 from gpen_tune.pipeline.steps import Steps
 from gpen_tune.tune.options import TuneConfig
 
@@ -230,21 +231,90 @@ def _job_from_row(row: dict[str, Any]) -> ImageJob:
     return job
 
 
+class RayPool:
+    """Ray Data as the executor of the three calls, behind the part of the `Pipeline` interface that `enhance` and
+    the CLI use (`run`, `prepare`, `close`, `settings`, `device`, `restorer`, `weights_source`), as `DevicePool`:
+    photo files into a `FileSink`'s folder (`ray_enhance` adds filesystem URLs). A video needs one tracker and one
+    encoder: `run` refuses it. Ray is started on first use (`options.address`'s cluster, or a local one that
+    `close` shuts down again; a Ray the caller initialised is left running)."""
+
+    def __init__(self, settings: EnhanceSettings | None = None, tune: TuneConfig | None = None, *,
+                 options: RayOptions = RayOptions(), notify: Callable[[str], None] = default_notify):
+        settings = settings or EnhanceSettings()
+        # the weights as this machine sees them (the plain run's notice when synthetic); the nodes need the same file
+        self.settings = replace(settings, weights=resolve_weights(settings, notify))
+        self.tune = tune or TuneConfig()
+        self.options = options
+        self.device = torch.device("cuda" if options.num_gpus_per_actor else "cpu")
+        self.restorer = None                           # the restorers live in the actors
+        self.weights_source = self.settings.weights
+        self._started = False
+
+    def prepare(self) -> str | None:
+        return None if self.settings.aligned else self.settings.detector
+
+    def close(self) -> None:
+        if self._started:
+            import_ray().shutdown()
+            self._started = False
+
+    def __enter__(self) -> RayPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _ray(self) -> Any:
+        ray = import_ray()
+        if not ray.is_initialized():
+            ray.init(address=self.options.address,
+                     num_cpus=self.options.num_cpus if self.options.address is None else None,
+                     include_dashboard=False, log_to_driver=False)
+            self._started = True
+        return ray
+
+    def run(self, source: Source, sink: FileSink, *, serial: bool = False, config: Any = None,
+            on_result: Callable[[ImageJob], None] | None = None, on_faces: Callable[[int], None] | None = None,
+            save_faces: bool = False, tracker: Any = None, save_mask: bool = False,
+            remote: str | None = None) -> RunSummary:
+        """Every photo of `source` through the dataset into `sink`'s folder (or `remote`, a filesystem URL, staged
+        through it); results in source order. `serial`, `config` and `save_mask` do not apply here."""
+        if tracker is not None or not isinstance(sink, FileSink):
+            raise ValueError("videos run without --ray (one tracker and one encoder per video): run them with "
+                             "--devices or one GPU")
+        t0 = time.perf_counter()
+        items = list(source)
+        rows = [{"index": i, "path": item.name, "stem": item.stem} for i, item in enumerate(items)]
+
+        def done(job: ImageJob) -> None:             # faces are known per image once it is written
+            if job.status == "ok" and on_faces is not None:
+                on_faces(job.face_count)
+            if on_result is not None:
+                on_result(job)
+
+        results, interrupted = _run_dataset(self._ray() if rows else None, rows, self.settings, self.tune,
+                                            sink.naming, remote, self.options, sink.save_faces,
+                                            sink.save_comparison, done)
+        by_index = {job.index: job for job in results}
+        jobs = [by_index.get(i) or dropped(i, item) for i, item in enumerate(items)]
+        return RunSummary(jobs, time.perf_counter() - t0, interrupted, {"mode": "ray"})
+
+
 def ray_enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, settings: EnhanceSettings | None = None,
                 tune: TuneConfig | None = None, *, options: RayOptions = RayOptions(), recursive: bool = False,
                 ext: str | None = None, suffix: str = "", name_pattern: str = "{name}{suffix}.{ext}",
                 existing: str = "refuse", save_faces: bool = False, save_comparison: bool = False,
-                on_result: Callable[[ImageJob], None] | None = None, on_start: Callable[[int], None] | None = None,
+                on_result: Callable[[ImageJob], None] | None = None, on_faces: Callable[[int], None] | None = None,
+                on_start: Callable[[int], None] | None = None, pool: RayPool | None = None,
                 notify: Callable[[str], None] = default_notify) -> EnhanceResult:
-    """`gpen_tune.enhance` on Ray Data: the same inputs, planning, outputs and result (see the module docstring).
+    """`gpen_tune.enhance` on Ray Data: the same inputs, planning, outputs and result (see the module docstring);
+    OUT may be a filesystem URL. `pool`: a `RayPool` to run on (default: one made here from `settings`, `tune`
+    and `options`, closed at the end).
 
-    Raises RayMissing (one line) without Ray. A local Ray started here is shut down at the end; a Ray the caller
-    initialised (or `options.address`'s cluster) is left running."""
-    ray = import_ray()
-    settings = settings or EnhanceSettings()
-    # the weights as this machine sees them (the plain run's notice when synthetic); the nodes need the same file
-    settings = replace(settings, weights=resolve_weights(settings, notify))
-    tune = tune or TuneConfig()
+    Raises RayMissing (one line) without Ray."""
+    import_ray()
+    own = pool is None
+    pool = pool or RayPool(settings, tune, options=options, notify=notify)
     names = [inputs] if isinstance(inputs, str | Path) else list(inputs)
     found = collect_inputs([str(n) for n in names], recursive)
     remote = str(outdir) if _is_url(outdir) else None
@@ -263,23 +333,16 @@ def ray_enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, s
     photos = [i for i in plan.run if not is_video(found.files[i][0])]
     if on_start is not None:
         on_start(len(photos))
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address=options.address, num_cpus=options.num_cpus if options.address is None else None,
-                 include_dashboard=False, log_to_driver=False)
-    t0 = time.perf_counter()
     try:
-        rows = [{"index": i, "path": str(found.files[i][0]), "stem": found.files[i][1]} for i in photos]
-        results, interrupted = _run_dataset(ray, rows, settings, tune, naming, remote, options, save_faces,
-                                            save_comparison, on_result)
+        summary = pool.run(FileSource([found.files[i][0] for i in photos], [found.files[i][1] for i in photos]),
+                           FileSink(naming, save_faces, save_comparison), on_result=on_result, on_faces=on_faces,
+                           remote=remote)
     finally:
-        if started:
-            ray.shutdown()
-    done = {j.index for j in results}
-    results += [_planned_job(r["index"], found.files[r["index"]], "dropped", f"{r['path']}: not processed "
-                             "(interrupted)") for r in rows if r["index"] not in done]
-    summary = RunSummary(sorted(results + videos, key=lambda j: j.index), time.perf_counter() - t0, interrupted,
-                         {"mode": "ray"})
+        if own:
+            pool.close()
+    for job in summary.results:                    # back to the numbering of all inputs
+        job.index = photos[job.index]
+    summary.results = sorted(summary.results + videos, key=lambda j: j.index)
     return EnhanceResult(summary, found.missing, found.passed_over, refused, skipped)
 
 
