@@ -9,8 +9,9 @@ service).
     done = batch.collect()                        #   its parse masks; `collect` returns the jobs it completed
     steps.finish(job)                             # paste, and hand the job to the sink (every job, failed too)
 
-Each call is safe from several threads at once. A failure stays on its job (status "error", one line naming the
-input): `collect` returns the jobs a failed batch failed, and `finish` passes a failed job to an ordered sink (a
+Each call is safe from several threads at once. A failure of an image (`IMAGE_ERRORS`) stays on its job (status
+"error", one line naming the input; anything else is a bug and propagates): `collect` returns the jobs a failed
+batch failed, and `finish` passes a failed job to an ordered sink (a
 video writes that frame as it came in) and frees its pixels. An ordered source's tracker runs inside `prepare`
 in source order whichever thread prepared the frame; an ordered sink is written in source order by `finish`.
 """
@@ -255,7 +256,7 @@ class Steps:
             batch.parse_s = time.perf_counter() - t     # the parse computed here (the CPU) is not the restore's time
         except KeyboardInterrupt:
             raise
-        except Exception as e:
+        except IMAGE_ERRORS as e:
             batch.error = e
         return batch
 
@@ -349,7 +350,7 @@ class RestoreBatch:
                 self._keep(out)
             except KeyboardInterrupt:
                 raise
-            except Exception as e:
+            except IMAGE_ERRORS as e:
                 self.error = e
         jobs = list({id(job): job for job, _ in self.faces}.values())
         if self.error is not None:
