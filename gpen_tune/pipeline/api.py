@@ -299,7 +299,7 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
     nonfinite_before = _nonfinite(pipe)
     try:
         source = FileSource([found.files[i][0] for i in photos], [found.files[i][1] for i in photos])
-        sink = FileSink(naming, save_faces, save_comparison, save_mask, png_level=settings.png_level)
+        sink = FileSink(naming, save_faces, save_comparison, save_mask, png_level=pipe.settings.png_level)
         summary = pipe.run(source, sink, serial=len(photos) <= 1 if serial is None else serial, config=config,
                            on_result=on_result, on_faces=on_faces, save_faces=save_faces, save_mask=save_mask)
         for job in summary.results:                      # back to the numbering of all inputs
