@@ -144,7 +144,8 @@ class Finish:
         self.staging = Path(tempfile.mkdtemp(prefix="gpen-tune-ray-")) if remote else None
         local = naming if remote is None else OutputNaming(self.staging, naming.ext, naming.suffix, naming.pattern,
                                                                    naming.replace)
-        self.steps = _cpu_steps(settings, tune, sink=FileSink(local, save_faces, save_comparison),
+        self.steps = _cpu_steps(settings, tune, sink=FileSink(local, save_faces, save_comparison,
+                                                              png_level=settings.png_level),
                                 save_faces=save_faces)
 
     def __call__(self, batch: Any) -> Any:
