@@ -269,6 +269,17 @@ class Steps:
         download = any(not job.on_device for job, _ in faces)
         return self.parser.start(restored, inverses, download)
 
+    def keep_masks(self, faces: Sequence[FaceRef], restored: Any) -> None:
+        """The parse masks of restored crops [B, S, S, 3] onto their faces, for a caller that ran the generator
+        itself (the service batches the faces of requests with different options)."""
+        masks = self._start_masks(list(faces), restored)
+        if masks is None:
+            return
+        device, host, seconds = masks.result()
+        for i, (job, k) in enumerate(faces):
+            job.faces[k].parse_mask = device[i] if job.on_device else host[i]
+            job.add_time("parse", seconds / len(faces))
+
     def _paste_inverse(self, inverse: np.ndarray) -> np.ndarray:
         """A face's crop -> output affine: the image's, or the upscaled background's."""
         return inverse if self.upscaler is None else scale_inverse(inverse, self.upscaler.scale)
