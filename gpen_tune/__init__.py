@@ -27,6 +27,8 @@ _LAZY = {
     "enhance": ("gpen_tune.pipeline.api", "enhance"),
     "enhance_image": ("gpen_tune.pipeline.api", "enhance_image"),
     "Pipeline": ("gpen_tune.pipeline.api", "Pipeline"),
+    "enhance_video": ("gpen_tune.pipeline.video", "enhance_video"),
+    "enhance_frames": ("gpen_tune.pipeline.video", "enhance_frames"),
     "EnhanceSettings": ("gpen_tune.pipeline.settings", "EnhanceSettings"),
     "TuneConfig": ("gpen_tune.tune.options", "TuneConfig"),
     "preset": ("gpen_tune.tune.options", "preset"),

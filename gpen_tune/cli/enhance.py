@@ -253,7 +253,7 @@ def _executor(devices: str | None, to_ray: bool, ray_address: str | None, output
         except user_errors() as e:
             raise failure(e) from None
     if to_ray:
-        from gpen_tune.cli._scale import RayRun, ray_runner  # optional: ray (the [ray] extra)
+        from gpen_tune.cli._scale import ray_builder, ray_runner  # optional: ray (the [ray] extra)
 
-        return RayRun, ray_runner(output, ray_address, 0 if settings.device == "cpu" else 1)
+        return ray_builder(ray_address, 0 if settings.device == "cpu" else 1), ray_runner(output)
     return None, None

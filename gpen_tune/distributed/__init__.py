@@ -7,7 +7,7 @@ import importlib
 
 _LAZY = {
     "DevicePool": "devices", "parse_devices": "devices", "is_device_failure": "devices",
-    "ray_enhance": "ray_data", "RayOptions": "ray_data",
+    "ray_enhance": "ray_data", "RayOptions": "ray_data", "RayPool": "ray_data",
 }
 
 __all__ = sorted(_LAZY)

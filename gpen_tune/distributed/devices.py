@@ -4,7 +4,7 @@
     gpen_tune.enhance(["albums/"], "out/", pipeline=pool)                # planning, photos, videos as always
     pool.device_summary()                                                # faces/s per device
 
-`DevicePool` offers what `gpen_tune.pipeline.api.enhance` and `gpen_tune.video.stream.enhance_video` use of a
+`DevicePool` offers what `gpen_tune.pipeline.api.enhance` and `gpen_tune.pipeline.video.enhance_video` use of a
 `Pipeline` (`run`, `prepare`, `close`, `device`, `restorer`), so input collection, output planning and the sinks
 stay theirs. `run` gives each device its own `Pipeline.run` (in a thread, or in a worker process) fed from one
 shared queue of inputs; each input is processed exactly as on one device, so the files and pixels are the same.

@@ -1,17 +1,17 @@
 """Clusters through Ray Data: the pipeline's steps as stages of one streaming dataset.
 
-    paths ──> Prepare (CPU actors: decode, detect, align, cut) ──> Restore (GPU actors: the Restorer)
-          ──> Finish (CPU actors: decode again, paste, encode, write to OUT) ──> one result row per input
+    paths ──> Prepare (CPU actors: steps.prepare) ──> Restore (GPU actors: steps.restore, generator + parse mask)
+          ──> Finish (CPU actors: steps.finish, paste, encode, write to OUT) ──> one result row per input
 
     result = ray_enhance(["albums/"], "s3://bucket/restored", settings, tune, address="auto",
                          options=RayOptions(concurrency=8, cpu_concurrency=48))
 
 Why these cuts: decode/detect/align and paste/encode are CPU work that scales with CPU actors, the generator is
-GPU work that wants big batches on few long-lived actors (a CUDA graph per actor). Between stages only the face
-crops travel (S x S x 3 bytes per face) and the input path; the finish stage decodes the file again (cheaper for
-the object store than shipping decoded pixels; decoding is deterministic, so the pixels are the same). Every step
-calls the same code as the plain run (`Stages.prepare`, `Restorer.restore_crops`, `Stages.finish`, `FileSink`),
-so the outputs equal the plain run's; a bad file fails in its row, alone, with the plain run's one line.
+GPU work that wants big batches on few long-lived actors (a CUDA graph per actor). Between stages the job travels
+whole (pickled in its row: the decoded picture, the face crops, then their restorations and parse masks), so each
+image is decoded once. Every stage drives the three calls of `gpen_tune.pipeline.steps` as the plain run does
+(`prepare`, `restore` in the restorer's batches, `finish` into a `FileSink`), so the outputs equal the plain
+run's; a bad file fails in its row, alone, with the plain run's one line.
 
 Fault tolerance is Ray Data's: an actor of a pool that dies is restarted and its task retried (Ray Data's
 defaults for actor pools, unlimited restarts and task retries, are kept); a retried finish task writes the same
@@ -39,16 +39,15 @@ import torch
 
 from gpen_tune.distributed.ray_import import import_ray
 from gpen_tune.face.detect import Detection, default_notify, init_detector
-from gpen_tune.face.parse import FaceParser
-from gpen_tune.imageio import ImageReadError, read_image
 from gpen_tune.model.configs import model_info
 from gpen_tune.pipeline.api import EnhanceResult, Pipeline
-from gpen_tune.pipeline.job import FaceCrop, ImageJob
+from gpen_tune.pipeline.job import FaceCrop, ImageJob, one_line
 from gpen_tune.pipeline.outputs import OutputNaming, check_output_dir, collect_inputs, is_video, plan_outputs
-from gpen_tune.pipeline.scheduler import RunSummary
+from gpen_tune.pipeline.scheduler import RunSummary, dropped
 from gpen_tune.pipeline.settings import EnhanceSettings, resolve_weights
 from gpen_tune.pipeline.sinks import FileSink
-from gpen_tune.pipeline.stages import Stages, one_line
+from gpen_tune.pipeline.sources import FileSource, Source
+from gpen_tune.pipeline.steps import Steps
 from gpen_tune.tune.options import TuneConfig
 
 
@@ -84,113 +83,87 @@ def _table(rows: list[dict[str, Any]]) -> Any:
     return pa.Table.from_pylist(rows)
 
 
-def _timings(job: ImageJob, before: str | None = None) -> str:
-    merged = dict(json.loads(before)) if before else {}
-    for k, v in job.timings.items():
-        merged[k] = merged.get(k, 0.0) + v
-    return json.dumps(merged)
+def _cpu_steps(settings: EnhanceSettings, tune: TuneConfig, **parts: Any) -> Steps:
+    """The steps of a CPU stage: no restorer, faces cut and pasted on the host."""
+    return Steps(settings, size=model_info(settings.model).config.size, device=torch.device("cpu"),
+                 face_crop=tune.face_crop, cut_on_device=False, **parts)
+
+
+def _jobs(rows: list[dict[str, Any]]) -> list[ImageJob]:
+    return [pickle.loads(row["job"]) for row in rows]
+
+
+def _store(rows: list[dict[str, Any]], jobs: list[ImageJob]) -> Any:
+    for row, job in zip(rows, jobs, strict=True):
+        row.update(status=job.status, error=job.error, job=pickle.dumps(job))
+    return _table(rows)
 
 
 class Prepare:
-    """CPU actor: decode, detect (an inline detector of its own), align and cut every face on the host."""
+    """CPU actor: `steps.prepare` (decode, detect with an inline detector of its own, align, cut on the host)."""
 
     def __init__(self, settings: EnhanceSettings, tune: TuneConfig):
-        cpu = torch.device("cpu")
         detector = None if settings.aligned else init_detector(
-            settings.detector, device=cpu, weights=settings.detector_weights, threshold=settings.det_threshold,
-            det_size=settings.det_size, service="inline")
-        self.stages = Stages(settings, model_info(settings.model).config.size, cpu, detector,
-                             face_crop=tune.face_crop, cut_on_device=False)
+            settings.detector, device=torch.device("cpu"), weights=settings.detector_weights,
+            threshold=settings.det_threshold, det_size=settings.det_size, service="inline")
+        self.steps = _cpu_steps(settings, tune, detector=detector)
 
     def __call__(self, batch: Any) -> Any:
         rows = batch.to_pylist()
-        jobs = [ImageJob(source=r["path"], index=r["index"], stem=r["stem"]) for r in rows]
-        self.stages.prepare(jobs, [lambda p=r["path"]: p for r in rows])
-        for row, job in zip(rows, jobs, strict=True):
-            faces = job.faces
-            crops = self.stages.crops(job) if job.status != "error" else []    # none when strength is 0
-            row.update(status=job.status, error=job.error, timings=_timings(job), faces=pickle.dumps({
-                "crops": crops, "affine": [f.affine for f in faces],
-                "inverse": [f.inverse for f in faces],
-                "det": [None if f.detection is None else (f.detection.box, f.detection.score, f.detection.landmarks)
-                        for f in faces]}))
-        return _table(rows)
+        jobs = [ImageJob(source=r["path"], index=r["index"], stem=r["stem"], load=lambda p=r["path"]: p)
+                for r in rows]
+        return _store(rows, self.steps.prepare(jobs))
 
 
 class Restore:
-    """GPU actor: the generator behind its switches (`Pipeline`'s restorer), all faces of a batch of images."""
+    """GPU actor: `steps.restore` over the faces of a batch of images, in the restorer's batches (the generator
+    behind its switches and the parse mask, as `Pipeline` builds them)."""
 
     def __init__(self, settings: EnhanceSettings, tune: TuneConfig):
         self.pipeline = Pipeline(settings, tune, notify=lambda _msg: None)
-        self.restorer = self.pipeline.restorer
+        self.steps = self.pipeline.steps(service=None)
 
     def __call__(self, batch: Any) -> Any:
         rows = batch.to_pylist()
-        packs = [pickle.loads(r["faces"]) for r in rows]
-        crops = [c for pack, r in zip(packs, rows, strict=True) if r["status"] != "error" for c in pack["crops"]]
-        t = time.perf_counter()
-        try:
-            restored = list(self.restorer.restore_crops(crops)) if crops else []
-            failure = None
-        except (RuntimeError, ValueError) as e:
-            restored, failure = [], e
-        share = (time.perf_counter() - t) / max(1, len(crops))
-
-        for row, pack in zip(rows, packs, strict=True):
-            if row["status"] == "error" or not pack["crops"]:
-                continue
-            if failure is not None:
-                row["status"], row["error"] = "error", one_line(row["path"], failure)
-                continue
-            n = len(pack["crops"])
-            pack["restored"], restored = restored[:n], restored[n:]
-            row["faces"] = pickle.dumps(pack)
-            row["timings"] = json.dumps({**json.loads(row["timings"]),
-                                         "restore": json.loads(row["timings"]).get("restore", 0.0) + share * n})
-        return _table(rows)
+        jobs = _jobs(rows)
+        faces = [face for job in jobs for face in job.unrestored()]
+        limit = self.steps.restorer.limit
+        while faces:
+            part, faces = faces[:limit], faces[limit:]
+            self.steps.restore(part).collect()
+            limit = self.steps.restorer.limit          # an OOM may have lowered it
+        return _store(rows, jobs)
 
 
 class Finish:
-    """CPU actor: decode again, paste the restored faces, encode and write the output (atomically)."""
+    """CPU actor: `steps.finish` (paste, encode and write the output atomically), then the file onto OUT."""
 
     def __init__(self, settings: EnhanceSettings, tune: TuneConfig, naming: OutputNaming, remote: str | None,
                  save_faces: bool, save_comparison: bool):
-        cpu = torch.device("cpu")
-        parser = None
-        if settings.parse_mask and not settings.aligned and settings.strength > 0:
-            parser = FaceParser(cpu, settings.parse_weights)
-        self.stages = Stages(settings, model_info(settings.model).config.size, cpu, None, parser,
-                             face_crop=tune.face_crop, cut_on_device=False, save_faces=save_faces)
         self.remote = remote
         self.staging = Path(tempfile.mkdtemp(prefix="gpen-tune-ray-")) if remote else None
         local = naming if remote is None else OutputNaming(self.staging, naming.ext, naming.suffix, naming.pattern,
                                                                    naming.replace)
-        self.sink = FileSink(local, save_faces, save_comparison)
+        self.steps = _cpu_steps(settings, tune, sink=FileSink(local, save_faces, save_comparison,
+                                                              png_level=settings.png_level),
+                                save_faces=save_faces)
 
     def __call__(self, batch: Any) -> Any:
         rows = batch.to_pylist()
-        for row in rows:
-            pack = pickle.loads(row.pop("faces"))
-            row["detections"] = json.dumps([None if d is None else Detection(*d).to_dict() for d in pack["det"]])
-            row["output"], row["size"] = None, None
-            if row["status"] == "error":
-                continue
-            job = ImageJob(source=row["path"], index=row["index"], stem=row["stem"])
-            try:
-                t = time.perf_counter()
-                job.picture = read_image(row["path"])
-                job.size = job.picture.size
-                job.add_time("decode", time.perf_counter() - t)
-                crops = pack["crops"] or [None] * len(pack["det"])
-                job.faces = [FaceCrop(c, a, i, None if d is None else Detection(*d))
-                             for c, a, i, d in zip(crops, pack["affine"], pack["inverse"], pack["det"], strict=True)]
-                self.stages.finish(job, pack.get("restored", []))
-                written = self.sink.write(job)
-                row["output"] = str(self._publish(written) if self.remote else written)
-            except (ImageReadError, OSError, ValueError, RuntimeError) as e:
-                job.fail(one_line(job.source, e))
-            row.update(status=job.status, error=job.error, timings=_timings(job, row["timings"]),
-                       size=json.dumps(job.size))
+        for row, job in zip(rows, _jobs(rows), strict=True):
+            del row["job"]
+            self.steps.finish(job)
+            output = job.output
+            if output is not None and self.remote:
+                try:
+                    output = self._publish(output)
+                except (OSError, ValueError) as e:
+                    job.fail(one_line(job.source, e))
+                    output = None
+            row.update(status=job.status, error=job.error, timings=json.dumps(job.timings),
+                       size=json.dumps(job.size), output=None if output is None else str(output),
+                       detections=json.dumps([None if f.detection is None else f.detection.to_dict()
+                                              for f in job.faces]))
         return _table(rows)
 
     def _publish(self, staged: Path) -> str:
@@ -259,21 +232,90 @@ def _job_from_row(row: dict[str, Any]) -> ImageJob:
     return job
 
 
+class RayPool:
+    """Ray Data as the executor of the three calls, behind the part of the `Pipeline` interface that `enhance` and
+    the CLI use (`run`, `prepare`, `close`, `settings`, `device`, `restorer`, `weights_source`), as `DevicePool`:
+    photo files into a `FileSink`'s folder (`ray_enhance` adds filesystem URLs). A video needs one tracker and one
+    encoder: `run` refuses it. Ray is started on first use (`options.address`'s cluster, or a local one that
+    `close` shuts down again; a Ray the caller initialised is left running)."""
+
+    def __init__(self, settings: EnhanceSettings | None = None, tune: TuneConfig | None = None, *,
+                 options: RayOptions = RayOptions(), notify: Callable[[str], None] = default_notify):
+        settings = settings or EnhanceSettings()
+        # the weights as this machine sees them (the plain run's notice when synthetic); the nodes need the same file
+        self.settings = replace(settings, weights=resolve_weights(settings, notify))
+        self.tune = tune or TuneConfig()
+        self.options = options
+        self.device = torch.device("cuda" if options.num_gpus_per_actor else "cpu")
+        self.restorer = None                           # the restorers live in the actors
+        self.weights_source = self.settings.weights
+        self._started = False
+
+    def prepare(self) -> str | None:
+        return None if self.settings.aligned else self.settings.detector
+
+    def close(self) -> None:
+        if self._started:
+            import_ray().shutdown()
+            self._started = False
+
+    def __enter__(self) -> RayPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _ray(self) -> Any:
+        ray = import_ray()
+        if not ray.is_initialized():
+            ray.init(address=self.options.address,
+                     num_cpus=self.options.num_cpus if self.options.address is None else None,
+                     include_dashboard=False, log_to_driver=False)
+            self._started = True
+        return ray
+
+    def run(self, source: Source, sink: FileSink, *, serial: bool = False, config: Any = None,
+            on_result: Callable[[ImageJob], None] | None = None, on_faces: Callable[[int], None] | None = None,
+            save_faces: bool = False, tracker: Any = None, save_mask: bool = False,
+            remote: str | None = None) -> RunSummary:
+        """Every photo of `source` through the dataset into `sink`'s folder (or `remote`, a filesystem URL, staged
+        through it); results in source order. `serial`, `config` and `save_mask` do not apply here."""
+        if tracker is not None or not isinstance(sink, FileSink):
+            raise ValueError("videos run without --ray (one tracker and one encoder per video): run them with "
+                             "--devices or one GPU")
+        t0 = time.perf_counter()
+        items = list(source)
+        rows = [{"index": i, "path": item.name, "stem": item.stem} for i, item in enumerate(items)]
+
+        def done(job: ImageJob) -> None:             # faces are known per image once it is written
+            if job.status == "ok" and on_faces is not None:
+                on_faces(job.face_count)
+            if on_result is not None:
+                on_result(job)
+
+        results, interrupted = _run_dataset(self._ray() if rows else None, rows, self.settings, self.tune,
+                                            sink.naming, remote, self.options, sink.save_faces,
+                                            sink.save_comparison, done)
+        by_index = {job.index: job for job in results}
+        jobs = [by_index.get(i) or dropped(i, item) for i, item in enumerate(items)]
+        return RunSummary(jobs, time.perf_counter() - t0, interrupted, {"mode": "ray"})
+
+
 def ray_enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, settings: EnhanceSettings | None = None,
                 tune: TuneConfig | None = None, *, options: RayOptions = RayOptions(), recursive: bool = False,
                 ext: str | None = None, suffix: str = "", name_pattern: str = "{name}{suffix}.{ext}",
                 existing: str = "refuse", save_faces: bool = False, save_comparison: bool = False,
-                on_result: Callable[[ImageJob], None] | None = None, on_start: Callable[[int], None] | None = None,
+                on_result: Callable[[ImageJob], None] | None = None, on_faces: Callable[[int], None] | None = None,
+                on_start: Callable[[int], None] | None = None, pool: RayPool | None = None,
                 notify: Callable[[str], None] = default_notify) -> EnhanceResult:
-    """`gpen_tune.enhance` on Ray Data: the same inputs, planning, outputs and result (see the module docstring).
+    """`gpen_tune.enhance` on Ray Data: the same inputs, planning, outputs and result (see the module docstring);
+    OUT may be a filesystem URL. `pool`: a `RayPool` to run on (default: one made here from `settings`, `tune`
+    and `options`, closed at the end).
 
-    Raises RayMissing (one line) without Ray. A local Ray started here is shut down at the end; a Ray the caller
-    initialised (or `options.address`'s cluster) is left running."""
-    ray = import_ray()
-    settings = settings or EnhanceSettings()
-    # the weights as this machine sees them (the plain run's notice when synthetic); the nodes need the same file
-    settings = replace(settings, weights=resolve_weights(settings, notify))
-    tune = tune or TuneConfig()
+    Raises RayMissing (one line) without Ray."""
+    import_ray()
+    own = pool is None
+    pool = pool or RayPool(settings, tune, options=options, notify=notify)
     names = [inputs] if isinstance(inputs, str | Path) else list(inputs)
     found = collect_inputs([str(n) for n in names], recursive)
     remote = str(outdir) if _is_url(outdir) else None
@@ -292,23 +334,16 @@ def ray_enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, s
     photos = [i for i in plan.run if not is_video(found.files[i][0])]
     if on_start is not None:
         on_start(len(photos))
-    started = not ray.is_initialized()
-    if started:
-        ray.init(address=options.address, num_cpus=options.num_cpus if options.address is None else None,
-                 include_dashboard=False, log_to_driver=False)
-    t0 = time.perf_counter()
     try:
-        rows = [{"index": i, "path": str(found.files[i][0]), "stem": found.files[i][1]} for i in photos]
-        results, interrupted = _run_dataset(ray, rows, settings, tune, naming, remote, options, save_faces,
-                                            save_comparison, on_result)
+        summary = pool.run(FileSource([found.files[i][0] for i in photos], [found.files[i][1] for i in photos]),
+                           FileSink(naming, save_faces, save_comparison), on_result=on_result, on_faces=on_faces,
+                           remote=remote)
     finally:
-        if started:
-            ray.shutdown()
-    done = {j.index for j in results}
-    results += [_planned_job(r["index"], found.files[r["index"]], "dropped", f"{r['path']}: not processed "
-                             "(interrupted)") for r in rows if r["index"] not in done]
-    summary = RunSummary(sorted(results + videos, key=lambda j: j.index), time.perf_counter() - t0, interrupted,
-                         {"mode": "ray"})
+        if own:
+            pool.close()
+    for job in summary.results:                    # back to the numbering of all inputs
+        job.index = photos[job.index]
+    summary.results = sorted(summary.results + videos, key=lambda j: j.index)
     return EnhanceResult(summary, found.missing, found.passed_over, refused, skipped)
 
 

@@ -26,10 +26,9 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
-from gpen_tune.pipeline.job import ImageJob
+from gpen_tune.pipeline.job import ImageJob, one_line
 from gpen_tune.pipeline.sinks import Sink
 from gpen_tune.pipeline.sources import SourceItem
-from gpen_tune.pipeline.stages import one_line
 
 POLL_S = 0.05
 

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from gpen_tune.face.align import apply_affine, invert_affine
 from gpen_tune.ops.paste import paste_union
-from gpen_tune.ops.transfer import to_device_async
+from gpen_tune.ops.transfer import thread_stream, to_device_async
 
 REF_SIZE = 512               # upstream's mask numbers are for a 512 crop; they scale with the crop size
 BORDER_AT_512 = 26           # px cleared on each side (upstream GPEN's paste mask)
@@ -362,3 +362,51 @@ def _device_mask(mask: np.ndarray | torch.Tensor, dev: torch.device) -> torch.Te
         if hit is None or hit[0] is not mask:
             hit = _masks[key] = (mask, torch.from_numpy(np.array(mask, np.float32)).to(dev))
         return hit[1]
+
+
+# ---------------------------------------------------------------------------------------------- one image
+
+
+@dataclass
+class RestoredFace:
+    """What the paste of one image needs of a face: its restoration (host array, or device tensor for the device
+    paste), crop -> output affine, mask (None: the feathered square) and whether it is a small face to soften."""
+
+    restored: np.ndarray | torch.Tensor
+    inverse: np.ndarray
+    mask: np.ndarray | torch.Tensor | None = None
+    small: bool = False
+
+
+def paste_image(base: np.ndarray, faces: Sequence[RestoredFace], strength: float, *, on_device: bool = False,
+                base_device: torch.Tensor | None = None, full_frame: bool = False, impl: str = "auto",
+                want_weights: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    """The one paste of an image's restored faces: on the host (`paste_faces`, or the full-frame comparison
+    paste), or on the faces' device (`paste_faces_device`, its kernel in `gpen_tune.ops.paste`) on a stream off
+    the generator's with one synchronisation. Returns (pixels, the blend weights when `want_weights`)."""
+    if not on_device:
+        host = [PasteFace(soften(f.restored) if f.small else f.restored, f.inverse, f.mask) for f in faces]
+        weights = blend_weights(base.shape[:2], host, strength) if want_weights else None
+        return (paste_faces_full_frame if full_frame else paste_faces)(base, host, strength), weights
+    stream = thread_stream(faces[0].restored.device)
+    with torch.cuda.stream(stream):
+        device = [DeviceFace(f.restored, f.inverse,
+                             default_mask(f.restored.shape[0], f.inverse) if f.mask is None else f.mask,
+                             soften=f.small) for f in faces]
+        weights = blend_weights(base.shape[:2], device, strength) if want_weights else None
+        pixels = paste_faces_device(base, device, strength, base_device=base_device, impl=impl)
+    stream.synchronize()
+    return pixels, weights
+
+
+def blend_aligned(base: np.ndarray, restored: np.ndarray, strength: float) -> np.ndarray:
+    """An aligned input (the whole image is the face): the restored crop resized to the image and blended by
+    `strength` (a 16-bit base gets the 8-bit face scaled by 257)."""
+    h, w = base.shape[:2]
+    size = restored.shape[0]
+    if (w, h) != (size, size):
+        restored = cv2.resize(restored, (w, h), interpolation=cv2.INTER_AREA if w < size else cv2.INTER_LINEAR)
+    scale, top = _value_scale(base.dtype)
+    bg = base.astype(np.float32)
+    out = bg + strength * (restored.astype(np.float32) * scale - bg)
+    return np.clip(np.rint(out), 0, top).astype(base.dtype)

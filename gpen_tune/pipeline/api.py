@@ -42,7 +42,7 @@ from gpen_tune.pipeline.scheduler import RunSummary, SchedulerConfig, run_serial
 from gpen_tune.pipeline.settings import EnhanceSettings, check_weights, resolve_device, resolve_weights
 from gpen_tune.pipeline.sinks import FileSink, MemorySink, Sink
 from gpen_tune.pipeline.sources import ArraySource, FileSource, Source
-from gpen_tune.pipeline.stages import Stages
+from gpen_tune.pipeline.steps import Steps
 from gpen_tune.pipeline.threads import run_threaded
 from gpen_tune.restore import Restorer, build_restorer, default_batch_size
 from gpen_tune.tune.options import TuneConfig, resolve_preset
@@ -127,13 +127,18 @@ class Pipeline:
                                            self.notify)
         return self._upscaler
 
-    def stages(self, service: str = "inline", save_faces: bool = False, tracker: Any = None,
-               save_mask: bool = False) -> Stages:
+    def steps(self, sink: Sink | None = None, service: str | None = "inline", *, save_faces: bool = False,
+              tracker: Any = None, save_mask: bool = False) -> Steps:
+        """The three calls of `gpen_tune.pipeline.steps` over this pipeline's parts, for one run into `sink`
+        (`service`: the detector's, "inline" for one thread, "thread" or "process" for many; None for a caller
+        that does not prepare)."""
         s = self.settings
-        detector = None if s.aligned else self.detector(service)
-        return Stages(s, self.size, self.device, detector, self.parser, face_crop=self.tune.face_crop,
-                      cut_on_device=self.cut_on_device, paste_impl=self.paste_impl, save_faces=save_faces,
-                      tracker=tracker, upscaler=self.upscaler, save_mask=save_mask, notify=self.notify)
+        check_detector_process(service == "process", self.tune.lazy_detector)
+        detector = None if s.aligned or service is None else self.detector(service)
+        return Steps(s, self.restorer, sink, detector=detector, parser=self.parser, upscaler=self.upscaler,
+                     face_crop=self.tune.face_crop, cut_on_device=self.cut_on_device, paste_impl=self.paste_impl,
+                     save_faces=save_faces, save_mask=save_mask, tracker=tracker,
+                     before_restore=self._release_hook())
 
     def prepare(self) -> str | None:
         """Build the detector and the parser now, so a missing weights file fails before any image; returns the
@@ -159,16 +164,13 @@ class Pipeline:
         `on_result(job)` is called per finished image, `on_faces(n)` as each batch of n faces is restored (both in
         the calling thread for the serial path; `on_faces` from the GPU stage's thread when threaded).
         `tracker`: for an ordered source (video), called in source order between detection and alignment."""
-        release = self._release_hook()
         if serial:
-            stages = self.stages("inline", save_faces, tracker, save_mask)
-            return run_serial(source, stages, self.restorer, sink, batch_size=self.settings.batch_size,
-                              on_result=on_result, on_faces=on_faces, before_restore=release)
-        check_detector_process(self.settings.detector_process, self.tune.lazy_detector)
-        stages = self.stages("process" if self.settings.detector_process else "thread", save_faces, tracker,
-                             save_mask)
-        return run_threaded(source, stages, self.restorer, sink, config, on_result=on_result, on_faces=on_faces,
-                            before_restore=release)
+            steps = self.steps(sink, "inline", save_faces=save_faces, tracker=tracker, save_mask=save_mask)
+            return run_serial(source, steps, batch_size=self.settings.batch_size, on_result=on_result,
+                              on_faces=on_faces)
+        service = "process" if self.settings.detector_process else "thread"
+        steps = self.steps(sink, service, save_faces=save_faces, tracker=tracker, save_mask=save_mask)
+        return run_threaded(source, steps, config, on_result=on_result, on_faces=on_faces)
 
     def _release_hook(self) -> Callable[[], None] | None:
         """The lazy detector's release before generator batches (None when the detector is not lazy)."""
@@ -297,7 +299,7 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
     nonfinite_before = _nonfinite(pipe)
     try:
         source = FileSource([found.files[i][0] for i in photos], [found.files[i][1] for i in photos])
-        sink = FileSink(naming, save_faces, save_comparison, save_mask, png_level=settings.png_level)
+        sink = FileSink(naming, save_faces, save_comparison, save_mask, png_level=pipe.settings.png_level)
         summary = pipe.run(source, sink, serial=len(photos) <= 1 if serial is None else serial, config=config,
                            on_result=on_result, on_faces=on_faces, save_faces=save_faces, save_mask=save_mask)
         for job in summary.results:                      # back to the numbering of all inputs
@@ -382,8 +384,8 @@ def _run_video(pipe: Pipeline, index: int, file: tuple[Path, str], naming: Outpu
                options: VideoOptions | None, config: SchedulerConfig, on_result, on_faces, notify
                ) -> tuple[ImageJob, bool]:
     """One video as one job of the run's results (its frames' own jobs stay inside); (job, interrupted)."""
+    from gpen_tune.pipeline.video import enhance_video  # heavy: av (PyAV), only when a video is among the inputs
     from gpen_tune.video.reader import VideoReadError  # heavy: av (PyAV), only when a video is among the inputs
-    from gpen_tune.video.stream import enhance_video  # heavy: av (PyAV), only when a video is among the inputs
     from gpen_tune.video.writer import VideoWriteError  # heavy: av (PyAV), only when a video is among the inputs
 
     options = options or VideoOptions()

@@ -2,27 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import cv2
 import numpy as np
 
 from gpen_tune.face.detect import Detection
-from gpen_tune.imageio import Picture
+from gpen_tune.imageio import ImageReadError, Picture
 
 STAGES = ("decode", "detect", "align", "restore", "paste", "encode")
 
 
 @dataclass
 class FaceCrop:
-    crop: np.ndarray | None              # [S, S, 3] uint8 RGB on the host (None when cut on the device)
+    crop: Any                            # [S, S, 3] uint8 RGB: a host array, or a device tensor when cut there
     affine: np.ndarray                   # 2x3 image -> crop
     inverse: np.ndarray                  # 2x3 crop -> image
     detection: Detection | None          # None for --aligned inputs
-    restored: np.ndarray | None = None   # [S, S, 3] uint8 RGB after the restore step (host)
-    parse_mask: np.ndarray | None = None  # [S, S] float32 paste mask of the parser, from its batch (host paste)
-    parse_mask_device: Any = None        # the same on the device (device paste)
+    restored: np.ndarray | None = None   # [S, S, 3] uint8 RGB after the restore step (host; None when not needed)
+    restored_device: Any = None          # the same on the device (images pasted there)
+    parse_mask: Any = None               # [S, S] float32 paste mask of the parser, where the image is pasted
 
 
 _CONTROL = {c: f"\\x{c:02x}" for c in range(32)} | {10: "\\n", 13: "\\r", 9: "\\t", 127: "\\x7f"}
@@ -48,11 +50,12 @@ class ImageJob:
     result: Picture | None = None
     output: Path | None = None
     size: tuple[int, int] | None = None  # (width, height) once decoded
+    load: Callable[[], Any] | None = None   # the source item's loader (decoded by `prepare`, then let go)
+    on_device: bool = False              # the placement, decided once by `prepare`: faces pasted on the device
+    waiting: int = 0                     # faces still to restore (set by `prepare`, counted down by `restore`)
     image_device: Any = None             # [H, W, 3] uint8 on the device when the faces were cut there
-    crops_device: Any = None             # [F, S, S, 3] uint8 on the device: the faces cut there
     nonfinite_faces: int = 0             # faces left as the input after a non-finite output (worker records)
     meta: Any = None                     # the source item's meta, for the sink (a video frame's timestamp)
-    detections: list[Detection] | None = None   # kept for an ordered step (tracking) before alignment
     video: dict[str, Any] | None = None  # a whole video's outcome (frames, faces, notes) when this job is one
     blend_weights: np.ndarray | None = None   # [H, W] paste weights in [0, 1], kept for --save-mask
 
@@ -62,6 +65,10 @@ class ImageJob:
 
     def add_time(self, stage: str, seconds: float) -> None:
         self.timings[stage] = self.timings.get(stage, 0.0) + seconds
+
+    def unrestored(self) -> list[tuple[ImageJob, int]]:
+        """The faces (job, k) this job waits for from the restore step: none when it failed or has none to restore."""
+        return [(self, k) for k in range(len(self.faces))] if self.waiting and self.status != "error" else []
 
     def fail(self, message: str) -> None:
         """Mark the job failed with a one-line message (control characters of file names shown escaped, so a
@@ -73,10 +80,10 @@ class ImageJob:
         the rest."""
         if meta:
             self.meta = None
-        self.picture = self.result = None
-        self.image_device = self.crops_device = self.blend_weights = None
+        self.picture = self.result = self.load = None
+        self.image_device = self.blend_weights = None
         for face in self.faces:
-            face.crop = face.restored = face.parse_mask = face.parse_mask_device = None
+            face.crop = face.restored = face.restored_device = face.parse_mask = None
 
     def report(self) -> dict:
         return {
@@ -90,3 +97,18 @@ class ImageJob:
             "video": self.video,
             "timings_s": {k: round(v, 4) for k, v in self.timings.items()},
         }
+
+
+# What fails one image and not the run, on every executor: a bad file, a failed step, memory running out (the
+# threaded scheduler also fails its whole prepare group on anything else)
+IMAGE_ERRORS = (ImageReadError, ValueError, OSError, RuntimeError, MemoryError, cv2.error)
+
+
+def one_line(source: str, exc: BaseException) -> str:
+    """One line naming the input: the exception's own message when it already does (ImageReadError)."""
+    shown = one_line_text(source)                  # a file name with a line break stays on the line
+    text = str(exc).strip().replace(source, shown)
+    msg = text.splitlines()[0] if text else ""
+    if shown in msg:
+        return msg
+    return f"{shown}: {type(exc).__name__}" + (f": {msg}" if msg else "")

@@ -1,7 +1,8 @@
-"""The scheduler: runs a source's items through `Stages` and the `Restorer` into a sink. It only schedules.
+"""The scheduler: runs a source's items through the three calls of `gpen_tune.pipeline.steps` (prepare, restore,
+finish: the sink is the steps'). It only schedules.
 
-    serial    the stages inline, a few images at a time: prepare them, restore all their faces in batches
-              across images, finish and write each (one thread; what a single image and `--serial` use)
+    serial    the calls inline, a few images at a time: prepare them, restore all their faces in batches
+              across images, finish each (one thread; what a single image and `--serial` use)
     threaded  the same calls on threads (gpen_tune.pipeline.threads): prepare workers -> one GPU stage
               batching faces across images -> finish workers; bounded queues and in-flight slots
 
@@ -12,16 +13,16 @@ job's status "error", one line naming the input); Ctrl-C stops new work, lets wr
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpen_tune.pipeline.job import ImageJob
-from gpen_tune.pipeline.sinks import Sink
+from gpen_tune.pipeline.job import IMAGE_ERRORS, ImageJob, one_line
 from gpen_tune.pipeline.sources import Source, SourceItem
-from gpen_tune.pipeline.stages import IMAGE_ERRORS, Stages, one_line
+from gpen_tune.pipeline.steps import FaceRef, Steps
 from gpen_tune.tune.hardware import usable_cores
 
 SERIAL_IMAGES_PER_STEP = 8       # images prepared together on the serial path (their faces share batches)
@@ -105,42 +106,21 @@ class RunSummary:
 
 
 def new_job(index: int, item: SourceItem) -> ImageJob:
-    return ImageJob(source=item.name, index=index, stem=item.stem, meta=item.meta)
+    return ImageJob(source=item.name, index=index, stem=item.stem, meta=item.meta, load=item.load)
 
 
 def dropped(index: int, item: SourceItem) -> ImageJob:
-    job = new_job(index, item)
+    job = ImageJob(source=item.name, index=index, stem=item.stem, meta=item.meta)
     job.status, job.error = "dropped", f"{item.name}: not processed (interrupted)"
     return job
 
 
-def finish_and_write(stages: Stages, sink: Sink, job: ImageJob, restored: list, restored_device=None) -> None:
-    """Paste, then write unless the sink takes jobs in order (the scheduler writes those itself)."""
-    try:
-        stages.finish(job, restored, restored_device)
-        if not sink.ordered:
-            sink.write(job)
-    except IMAGE_ERRORS as e:
-        job.fail(one_line(job.source, e))
-
-
-def write_in_order(sink: Sink, job: ImageJob) -> None:
-    """An ordered sink gets every job, a failed one too (a video writes that frame as it came in); then the
-    pixels are freed, the source item's meta (a decoded frame) included."""
-    try:
-        sink.write(job)
-    except IMAGE_ERRORS as e:
-        job.fail(one_line(job.source, e))
-    job.release(meta=True)
-
-
-def run_serial(source: Source, stages: Stages, restorer: Any, sink: Sink, *, batch_size: int | None = None,
+def run_serial(source: Source, steps: Steps, *, batch_size: int | None = None,
                images_per_step: int = SERIAL_IMAGES_PER_STEP,
                on_result: Callable[[ImageJob], None] | None = None,
-               on_faces: Callable[[int], None] | None = None,
-               before_restore: Callable[[], None] | None = None) -> RunSummary:
-    """The stages inline: a few images prepared together, their faces restored in batches of `batch_size`
-    (default: the restorer's limit) across images, then pasted and written one by one."""
+               on_faces: Callable[[int], None] | None = None) -> RunSummary:
+    """The three calls inline: a few images prepared together, their faces restored in batches of `batch_size`
+    (default: the restorer's limit) across images, then each image finished (pasted and written) in order."""
     t0 = time.perf_counter()
     results: list[ImageJob] = []
     items: Iterator[SourceItem] = iter(source)
@@ -148,32 +128,18 @@ def run_serial(source: Source, stages: Stages, restorer: Any, sink: Sink, *, bat
     pending: list[tuple[int, SourceItem]] = []
     try:
         index = 0
-        while True:
-            step = []
-            for item in items:
-                step.append((index, item))
-                index += 1
-                if len(step) == images_per_step:
-                    break
-            if not step:
-                break
-            pending = list(step)
-            jobs = [new_job(i, it) for i, it in step]
+        while step := list(itertools.islice(items, images_per_step)):
+            pending = list(enumerate(step, start=index))
+            index += len(step)
+            jobs = [new_job(i, it) for i, it in pending]
             try:
-                stages.prepare(jobs, [it.load for _, it in step])
+                steps.prepare(jobs)
             except IMAGE_ERRORS as e:                # the detector's call, as the threaded scheduler's group
                 for job in jobs:
                     job.fail(one_line(job.source, e))
-            if stages.tracker is not None:
-                for job in jobs:
-                    stages.sequence(job)
-            _restore_inline(stages, restorer, jobs, batch_size or restorer.limit, before_restore, on_faces)
+            _restore_inline(steps, [f for job in jobs for f in job.unrestored()], batch_size, on_faces)
             for job in jobs:
-                if job.status != "error":
-                    finish_and_write(stages, sink, job, [f.restored for f in job.faces])
-                if sink.ordered:
-                    write_in_order(sink, job)
-                job.release(meta=True)
+                steps.finish(job)
                 results.append(job)
                 pending = pending[1:]
                 if on_result is not None:
@@ -185,37 +151,15 @@ def run_serial(source: Source, stages: Stages, restorer: Any, sink: Sink, *, bat
     return RunSummary(results, time.perf_counter() - t0, interrupted, {"mode": "serial"})
 
 
-def _restore_inline(stages: Stages, restorer: Any, jobs: list[ImageJob], batch: int,
-                    before_restore: Callable[[], None] | None, on_faces: Callable[[int], None] | None) -> None:
-    faces = [(job, k, crop) for job in jobs if job.status != "error" for k, crop in enumerate(stages.crops(job))]
-    for start in range(0, len(faces), batch):
-        chunk = faces[start:start + batch]
-        if before_restore is not None:
-            before_restore()
-        try:
-            done = 0
-            while done < len(chunk):                # in parts of the restorer's limit (an OOM may lower it)
-                part = chunk[done:done + min(len(chunk) - done, restorer.limit)]
-                _restore_part(stages, restorer, part)
-                done += len(part)
-        except IMAGE_ERRORS as e:
-            for job, _, _ in chunk:
-                job.fail(one_line(job.source, e))
-            continue
-        if on_faces is not None:
-            on_faces(len(chunk))
-
-
-def _restore_part(stages: Stages, restorer: Any, part: list[tuple[ImageJob, int, Any]]) -> None:
-    """One generator batch and its parse masks (`Stages.parse_batch`, as the threaded GPU stage)."""
-    t = time.perf_counter()
-    pending = restorer.submit([c for _, _, c in part])
-    submit_s = time.perf_counter() - t
-    parse = stages.parse_batch([(job, k) for job, k, _ in part], pending.device_out, device_paste=False)
-    t = time.perf_counter()
-    out = pending.result()
-    share = (submit_s + time.perf_counter() - t) / len(part)
-    stages.keep_masks(parse, pending.device_out)
-    for (job, k, _), restored in zip(part, out, strict=True):
-        job.faces[k].restored = restored
-        job.add_time("restore", share)
+def _restore_inline(steps: Steps, faces: list[FaceRef], batch_size: int | None,
+                    on_faces: Callable[[int], None] | None) -> None:
+    """Generator batches of `batch_size` faces, each in parts of the restorer's limit (an OOM may lower it)."""
+    chunk = batch_size or steps.restorer.limit
+    for start in range(0, len(faces), chunk):
+        todo = faces[start:start + chunk]
+        while todo:
+            part, todo = todo[:steps.restorer.limit], todo[steps.restorer.limit:]
+            batch = steps.restore(part)
+            batch.collect()
+            if on_faces is not None and batch.error is None:
+                on_faces(len(part))

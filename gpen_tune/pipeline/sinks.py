@@ -3,8 +3,8 @@
 `FileSink` encodes each photo atomically (temp file + rename; an untouched picture in its own format is copied
 byte for byte), plus the optional side-by-side faces and comparisons. `MemorySink` keeps the result arrays
 (`gpen_tune.enhance_image`, frames handed back to a caller). A new sink (a video encoder, an object store) is a
-class with the same two members; `ordered = True` makes the scheduler call `write` in source order, from one
-thread.
+class with the same two members; `ordered = True` makes the steps' `finish` call `write` in source order, one job
+at a time, every job (a failed one too).
 """
 
 from __future__ import annotations

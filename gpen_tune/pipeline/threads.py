@@ -1,15 +1,15 @@
-"""The threaded scheduler: CPU prepare workers -> one GPU batching stage -> CPU finish workers.
+"""The threaded scheduler: the three calls of `gpen_tune.pipeline.steps` on threads.
 
     feeder ──in_q──> prepare x N ──ready_q──> GPU stage ──finish_q──> finish x M ──result_q──> caller
-     (source items)  (decode, detect, align)   (faces of many images in    (paste back, and the sink's
-                                                bucket-sized batches; the   write unless it is ordered)
-                                                parse mask of each batch)
+     (source items)  (steps.prepare)           (steps.restore: faces of     (steps.finish)
+                                                many images in bucket-sized
+                                                batches, one in flight)
 
 Why threads: cv2, numpy and torch release the GIL in their heavy calls, and one process keeps one copy of the
 models (the detector may run in a process of its own: gpen_tune.face.detect's "process" service). Memory stays
 flat whatever the source's length: an item holds an in-flight slot from the moment the feeder takes it until
-its result is posted, there are at most `max_inflight` slots, and every queue is bounded. An ordered sink (video)
-is written by the caller's thread in source order; the others by the finish workers.
+its result is posted, there are at most `max_inflight` slots, and every queue is bounded. What is ordered (a
+video's tracker, its encoder) the steps keep in order themselves.
 
 The GIL hand-over interval is lowered while the threads run (CPython's default is 5 ms): the threads that
 drive the GPU release the GIL at every host sync and cv2 call, and with 16+ Python threads each re-take waited
@@ -25,24 +25,15 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import cv2
 import torch
 
-from gpen_tune.pipeline.job import ImageJob
-from gpen_tune.pipeline.scheduler import (
-    RunSummary,
-    SchedulerConfig,
-    dropped,
-    finish_and_write,
-    new_job,
-    write_in_order,
-)
-from gpen_tune.pipeline.sinks import Sink
+from gpen_tune.pipeline.job import ImageJob, one_line
+from gpen_tune.pipeline.scheduler import RunSummary, SchedulerConfig, dropped, new_job
 from gpen_tune.pipeline.sources import Source, SourceItem
-from gpen_tune.pipeline.stages import Stages, one_line
+from gpen_tune.pipeline.steps import FaceRef, RestoreBatch, Steps
 
 _DONE = object()      # a prepare worker has no more input
 _POLL_S = 0.05        # how often blocked threads look at the stop flag
@@ -76,24 +67,12 @@ class _Queue(queue.Queue):
         self.peak = max(self.peak, len(self.queue))
 
 
-@dataclass
-class _JobState:
-    job: ImageJob
-    crops: list[Any]
-    restored: list[Any]
-    remaining: int
-    restored_device: list[Any] | None = None
-    failed: bool = False
-
-
-def run_threaded(source: Source, stages: Stages, restorer: Any, sink: Sink, config: SchedulerConfig = SchedulerConfig(),
+def run_threaded(source: Source, steps: Steps, config: SchedulerConfig = SchedulerConfig(),
                  on_result: Callable[[ImageJob], None] | None = None,
-                 on_faces: Callable[[int], None] | None = None,
-                 before_restore: Callable[[], None] | None = None) -> RunSummary:
-    """Every item of `source` through the threads; results in source order (see the module docstring).
-
-    `before_restore` is called before each generator batch (the lazy detector's release hook)."""
-    run = _Run(source, stages, restorer, sink, config, before_restore, on_faces)
+                 on_faces: Callable[[int], None] | None = None) -> RunSummary:
+    """Every item of `source` through the threads; results in source order (see the module docstring)."""
+    restorer = steps.restorer
+    run = _Run(source, steps, config, on_faces)
     threads = cv2.getNumThreads()
     if run.workers > 1:
         cv2.setNumThreads(1)     # the workers are the parallelism: no per-call OpenCV thread pools on top
@@ -111,15 +90,13 @@ def run_threaded(source: Source, stages: Stages, restorer: Any, sink: Sink, conf
 
 
 class _Run:
-    def __init__(self, source: Source, stages: Stages, restorer: Any, sink: Sink, config: SchedulerConfig,
-                 before_restore: Callable[[], None] | None, on_faces: Callable[[int], None] | None = None):
-        self.source, self.stages, self.restorer, self.sink = source, stages, restorer, sink
+    def __init__(self, source: Source, steps: Steps, config: SchedulerConfig,
+                 on_faces: Callable[[int], None] | None = None):
+        self.source, self.steps, self.restorer = source, steps, steps.restorer
         self.on_faces = on_faces
-        self.workers, self.prepare_workers, self.max_inflight = config.resolved(restorer.device.type)
+        self.workers, self.prepare_workers, self.max_inflight = config.resolved(self.restorer.device.type)
         self.max_wait = config.max_wait_ms / 1000.0
         self.detect_batch = max(1, config.detect_batch)
-        self.before_restore = before_restore
-        self.on_device = stages.device_paste_possible
         self.stop = threading.Event()
         self.interrupted = threading.Event()
         self.slots = threading.Semaphore(self.max_inflight)
@@ -129,9 +106,6 @@ class _Run:
         self._rest: Any = None                    # the feeder's iterator (what it never took, after a stop)
         self.in_q = _Queue(self.prepare_workers)
         self.ready_q = _Queue(self.max_inflight)
-        # a tracked (ordered) source: prepared jobs go through one sequencer thread, in source order
-        self.sequenced = stages.tracker is not None
-        self.seq_q = _Queue(self.max_inflight)
         self.finish_q = _Queue(2 * self.workers)
         self.result_q: queue.Queue = queue.Queue()   # unbounded but holds at most max_inflight results
         self.t = {"prepare_s": 0.0, "finish_s": 0.0, "gpu_wait_input_s": 0.0, "gpu_wait_output_s": 0.0,
@@ -174,7 +148,11 @@ class _Run:
 
     def _fail(self, job: ImageJob, exc: BaseException) -> None:
         job.fail(one_line(job.source, exc))
-        job.release()
+        self._settle(job)
+
+    def _settle(self, job: ImageJob) -> None:
+        """A failed job: to the sink (an ordered one writes it as it came in) and the caller."""
+        self.steps.finish(job)
         self._post(job)
 
     def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
@@ -252,137 +230,61 @@ class _Run:
                     return
         finally:
             if not self.stop.is_set():
-                self._put(self.seq_q if self.sequenced else self.ready_q, _DONE)
+                self._put(self.ready_q, _DONE)
 
     def _prepare_group(self, group: list[int]) -> bool:
-        """Prepare a group with one detector call and queue each job for the GPU stage; False when stopping."""
+        """Prepare a group with one detector call and queue each job for the GPU stage (a failed one straight to
+        the caller); False when stopping."""
         jobs = [new_job(i, self.items[i]) for i in group]
         t0 = time.perf_counter()
         try:
-            self.stages.prepare(jobs, [self.items[i].load for i in group])
+            self.steps.prepare(jobs)
         except KeyboardInterrupt:
             raise
         except Exception as exc:
             for job in jobs:
-                if self.sequenced:      # the sequencer waits for every index: a failed frame passes through it too
-                    job.fail(one_line(job.source, exc))
-                    job.release()
-                    if not self._put(self.seq_q, job):
-                        return False
-                else:
-                    self._fail(job, exc)
+                self._fail(job, exc)
             return True
         finally:
             self._add_time("prepare_s", time.perf_counter() - t0)
         for job in jobs:
-            if self.sequenced:
-                if not self._put(self.seq_q, job):
-                    return False
-            elif not self._to_gpu(job):
+            if job.status == "error":
+                self._settle(job)
+            elif not self._put(self.ready_q, job):
                 return False
         return True
 
-    def _to_gpu(self, job: ImageJob) -> bool:
-        """A prepared job to the GPU stage (a failed one straight to the caller); False when stopping."""
-        if job.status == "error":
-            job.release()
-            self._post(job)
-            return True
-        try:
-            crops = self.stages.crops(job)
-        except Exception as exc:
-            self._fail(job, exc)
-            return True
-        return self._put(self.ready_q, _JobState(job, crops, [None] * len(crops), len(crops)))
-
-    def _sequencer(self) -> None:
-        """Prepared jobs in source order through `stages.sequence` (tracking), then to the GPU stage."""
-        waiting: dict[int, ImageJob] = {}
-        producers, next_index = self.prepare_workers, 0
-        try:
-            while producers:
-                item = self._get(self.seq_q)
-                if item is None:
-                    return
-                if item is _DONE:
-                    producers -= 1
-                    continue
-                waiting[item.index] = item
-                while next_index in waiting:
-                    job = waiting.pop(next_index)
-                    next_index += 1
-                    try:
-                        self.stages.sequence(job)
-                    except Exception as exc:
-                        self._fail(job, exc)
-                        continue
-                    if not self._to_gpu(job):
-                        return
-        finally:
-            if not self.stop.is_set():
-                self._put(self.ready_q, _DONE)
-
     def _gpu_stage(self) -> None:
         # One loop owns the batch in flight and the pending faces; split, it would share that state across functions.
-        pending: list[tuple[_JobState, int]] = []    # faces waiting for a batch, arrival order
-        inflight: tuple[Any, list[tuple[_JobState, int]], Any, float] | None = None   # batch, faces, parse, its s
-        producers = 1 if self.sequenced else self.prepare_workers
+        pending: list[FaceRef] = []                  # faces waiting for a batch, arrival order
+        inflight: RestoreBatch | None = None
+        producers = self.prepare_workers
         deadline = 0.0
         t_start = time.perf_counter()
-        needs_host = self.stages.needs_host_restored if self.on_device else None
 
         def complete() -> bool:
             nonlocal inflight
-            if inflight is None:
+            batch, inflight = inflight, None
+            if batch is None:
                 return True
-            batch, entries, parse, parse_s = inflight
-            inflight = None
-            try:
-                outs = batch.result()
-                self.stages.keep_masks(parse, batch.device_out)
-            except KeyboardInterrupt:
-                raise
-            except Exception as exc:
-                self._fail_entries(entries, exc)
-                return True
-            dev = batch.device_out if self.on_device else None
-            share = (time.perf_counter() - batch.submitted_at - parse_s) / len(entries)   # parse_s: its own step
-            for i, (state, k) in enumerate(entries):
-                state.job.add_time("restore", share)
-                state.restored[k] = outs[i]
-                if dev is not None:
-                    if state.restored_device is None:
-                        state.restored_device = [None] * len(state.crops)
-                    state.restored_device[k] = dev[i]
-                state.remaining -= 1
-                if state.remaining == 0 and not state.failed:
-                    if not self._to_finish(state):
-                        return False
-            if self.on_faces is not None:
-                self.on_faces(len(entries))
+            for job in batch.collect():
+                if job.status == "error":
+                    self._settle(job)
+                elif not self._to_finish(job):
+                    return False
+            if self.on_faces is not None and batch.error is None:
+                self.on_faces(len(batch))
             return True
 
         def launch(n: int) -> bool:
             nonlocal inflight, pending
-            live = [(s, k) for s, k in pending if not s.failed]
+            live = [(job, k) for job, k in pending if job.status != "error"]
             entries, pending = live[:n], live[n:]
             if not entries:
                 return True
-            if self.before_restore is not None:
-                self.before_restore()
-            try:
-                download = needs_host is None or any(needs_host(s.job) for s, _ in entries)
-                batch = self.restorer.submit([s.crops[k] for s, k in entries], download=download)
-                t0 = time.perf_counter()
-                parse = self.stages.parse_batch([(s.job, k) for s, k in entries], batch.device_out, self.on_device)
-                parse_s = time.perf_counter() - t0   # the parse computed here (the CPU) is not the restore's time
-            except KeyboardInterrupt:
-                raise
-            except Exception as exc:
-                self._fail_entries(entries, exc)
-                return True
+            batch = self.steps.restore(entries)
             ok = complete()                     # the previous batch finishes while this one computes
-            inflight = (batch, entries, parse, parse_s)
+            inflight = batch
             return ok
 
         while not self.stop.is_set():
@@ -403,14 +305,14 @@ class _Run:
                 if inflight is not None and not complete():   # nothing to overlap with: hand results on
                     break
                 t0 = time.perf_counter()
-                item = self._get(self.ready_q)
+                job = self._get(self.ready_q)
                 self._add_time("gpu_wait_input_s", time.perf_counter() - t0)
             else:
-                item = self._get(self.ready_q, timeout=deadline - time.perf_counter())
-                if item is None:
+                job = self._get(self.ready_q, timeout=deadline - time.perf_counter())
+                if job is None:
                     if self.stop.is_set():
                         break
-                    if inflight is not None and not inflight[0].done():
+                    if inflight is not None and not inflight.done():
                         # the device is still busy: a partial batch would only queue behind it, so keep filling
                         deadline = time.perf_counter() + _BUSY_POLL_S
                         continue
@@ -418,53 +320,45 @@ class _Run:
                         break
                     deadline = time.perf_counter() + self.max_wait
                     continue
-            if item is None:
+            if job is None:
                 break
-            if item is _DONE:
+            if job is _DONE:
                 producers -= 1
                 continue
-            if not item.crops:                    # no face: straight to paste/encode (copies the image)
-                if not self._to_finish(item):
+            faces = job.unrestored()
+            if not faces:                         # no face: straight to paste/encode (copies the image)
+                if not self._to_finish(job):
                     break
                 continue
             if not pending:
                 deadline = time.perf_counter() + self.max_wait
-            pending.extend((item, k) for k in range(len(item.crops)))
+            pending.extend(faces)
         self.t["gpu_stage_s"] = time.perf_counter() - t_start
         for _ in range(self.workers):
             if not self._put(self.finish_q, None):
                 break
 
-    def _fail_entries(self, entries: list[tuple[_JobState, int]], exc: BaseException) -> None:
-        for state, _ in entries:
-            if not state.failed:
-                state.failed = True
-                self._fail(state.job, exc)
-
-    def _to_finish(self, state: _JobState) -> bool:
+    def _to_finish(self, job: ImageJob) -> bool:
         t0 = time.perf_counter()
-        ok = self._put(self.finish_q, state)
+        ok = self._put(self.finish_q, job)
         self._add_time("gpu_wait_output_s", time.perf_counter() - t0)
         return ok
 
     def _finish_worker(self) -> None:
         while True:
             # after a stop, what is queued is dropped; only the file being written completes
-            state = self._get(self.finish_q)
-            if state is None:
+            job = self._get(self.finish_q)
+            if job is None:
                 return
             t0 = time.perf_counter()
-            job = state.job
             try:
-                finish_and_write(self.stages, self.sink, job, state.restored, state.restored_device)
+                self.steps.finish(job)
             except KeyboardInterrupt:
                 job.status = "dropped"
                 self._post(job)
                 raise
             finally:
                 self._add_time("finish_s", time.perf_counter() - t0)
-            if not self.sink.ordered:
-                job.release(meta=True)
             self._post(job)
 
     # -- driver -------------------------------------------------------------------------------------------------
@@ -473,15 +367,12 @@ class _Run:
         threads = [threading.Thread(target=self._guard(self._feeder), name="gpen-feed", daemon=True)]
         threads += [threading.Thread(target=self._guard(self._prepare_worker), name=f"gpen-prep{i}", daemon=True)
                     for i in range(self.prepare_workers)]
-        if self.sequenced:
-            threads.append(threading.Thread(target=self._guard(self._sequencer), name="gpen-seq", daemon=True))
         threads.append(threading.Thread(target=self._guard(self._gpu_stage), name="gpen-gpu", daemon=True))
         threads += [threading.Thread(target=self._guard(self._finish_worker), name=f"gpen-fin{i}", daemon=True)
                     for i in range(self.workers)]
         for th in threads:
             th.start()
         results: dict[int, ImageJob] = {}
-        next_write = 0                                  # ordered sinks: the next index to write
         try:
             while self.total is None or len(results) < self.total:
                 try:
@@ -492,10 +383,6 @@ class _Run:
                     continue
                 results[job.index] = job
                 self.items.pop(job.index, None)
-                if self.sink.ordered:
-                    while next_write in results:
-                        write_in_order(self.sink, results[next_write])
-                        next_write += 1
                 if on_result is not None:
                     on_result(job)
         except KeyboardInterrupt:

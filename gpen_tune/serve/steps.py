@@ -6,7 +6,7 @@
 
 plus `enhance_video` for video jobs: the pipeline's own video run, on the same generator (`SharedRestorer`).
 
-Everything here calls the pipeline's own homes (`Stages`, the `Restorer`, `FileSink`), so a response carries the
+Everything here calls the pipeline's own homes (`pipeline.steps`, the `Restorer`, `FileSink`), so a response carries the
 pixels and the file format `gpen-tune enhance` writes for the same file; the batcher and the HTTP layer see only
 these calls.
 """
@@ -29,11 +29,11 @@ from gpen_tune.pipeline.outputs import VIDEO_OUTPUTS, OutputNaming
 from gpen_tune.pipeline.scheduler import SchedulerConfig
 from gpen_tune.pipeline.settings import EnhanceSettings
 from gpen_tune.pipeline.sinks import FileSink
-from gpen_tune.pipeline.stages import Stages
+from gpen_tune.pipeline.steps import Steps as PipelineSteps
 from gpen_tune.pipeline.threads import SWITCH_INTERVAL_S
 
 VIDEO_EXTS = VIDEO_OUTPUTS              # what a video job may be written as
-STAGES_KEPT = 16         # option combinations whose Stages are kept (strength is a float: bound the cache)
+STAGES_KEPT = 16         # option combinations whose PipelineSteps are kept (strength is a float: bound the cache)
 
 
 class RequestError(ValueError):
@@ -55,7 +55,7 @@ class Prepared:
     """One image after decode, detect and align: its job, the crops to restore and the stages that finish it."""
 
     job: ImageJob
-    stages: Stages
+    stages: PipelineSteps
     crops: list[Any]
     restored: list[np.ndarray | None] = field(default_factory=list)
 
@@ -98,7 +98,7 @@ class Steps:
     def __init__(self, pipeline: Pipeline):
         self.pipeline = pipeline
         self.restorer = SharedRestorer(pipeline.restorer)
-        self._stages: dict[tuple, Stages] = {}
+        self._stages: dict[tuple, PipelineSteps] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -143,10 +143,11 @@ class Steps:
         self._on_device()
         stages = self._stages_for(options)
         job = ImageJob(source=name, stem="result")
-        stages.prepare([job], [lambda: str(path)])
+        job.load = lambda: str(path)
+        stages.prepare([job])
         if job.status == "error":
             raise ImageReadError(job.error or f"{name}: cannot be read")
-        crops = stages.crops(job)
+        crops = [f.crop for f in job.faces] if job.waiting else []
         return Prepared(job, stages, crops, [None] * len(crops))
 
     def restore(self, faces: Sequence[FaceRef]) -> None:
@@ -160,8 +161,7 @@ class Steps:
             p.job.add_time("restore", share)
         for idx, stages in self._parse_groups(faces):
             rows = _rows(batch, idx)
-            parse = stages.parse_batch([(faces[i][0].job, faces[i][1]) for i in idx], rows, device_paste=False)
-            stages.keep_masks(parse, rows)
+            stages.keep_masks([(faces[i][0].job, faces[i][1]) for i in idx], rows)
         for (p, k), restored in zip(faces, out, strict=True):
             p.restored[k] = restored
 
@@ -169,7 +169,9 @@ class Steps:
         """Paste the restored faces back and write the image into `folder` (atomically, as `enhance` does)."""
         self._on_device()
         job = prepared.job
-        prepared.stages.finish(job, prepared.restored)
+        for face, restored in zip(job.faces, prepared.restored, strict=False):   # none when strength is 0
+            face.restored = restored
+        prepared.stages.paste(job)
         sink = FileSink(OutputNaming(folder, ext=ext))
         path = sink.write(job)
         job.release()
@@ -199,8 +201,8 @@ class Steps:
         """The pipeline's video run (tracking, ordered encoding, audio kept) on the shared generator; `progress`
         gets the share of frames done after each frame (it may raise KeyboardInterrupt to stop: nothing is
         written then). (output or None when stopped, faces restored)."""
+        from gpen_tune.pipeline.video import enhance_video  # heavy: av (PyAV), only for video jobs
         from gpen_tune.video.reader import probe  # heavy: av (PyAV), only for video jobs
-        from gpen_tune.video.stream import enhance_video  # heavy: av (PyAV), only for video jobs
 
         pipe = self.pipeline
         settings = replace(pipe.settings, strength=options.strength, only_center_face=options.only_center_face,
@@ -218,7 +220,7 @@ class Steps:
         return result.output, result.faces
 
     # -- helpers -------------------------------------------------------------------------------------------------
-    def _stages_for(self, options: RequestOptions) -> Stages:
+    def _stages_for(self, options: RequestOptions) -> PipelineSteps:
         pipe = self.pipeline
         use_parser = options.parse_mask is not False
         if options.parse_mask and pipe.parser is None:
@@ -232,9 +234,9 @@ class Steps:
                     self._stages.pop(next(iter(self._stages)))
                 settings = replace(pipe.settings, strength=options.strength,
                                    only_center_face=options.only_center_face)
-                stages = Stages(settings, pipe.size, pipe.device, pipe.detector("thread"),
-                                pipe.parser if use_parser else None, face_crop=pipe.tune.face_crop,
-                                cut_on_device=False, paste_impl=pipe.paste_impl, notify=pipe.notify)
+                stages = PipelineSteps(settings, size=pipe.size, device=pipe.device, detector=pipe.detector("thread"),
+                                       parser=pipe.parser if use_parser else None, face_crop=pipe.tune.face_crop,
+                                       cut_on_device=False, paste_impl=pipe.paste_impl)
                 self._stages[key] = stages
         return stages
 
@@ -248,9 +250,9 @@ class Steps:
             torch.cuda.set_device(device)
 
     @staticmethod
-    def _parse_groups(faces: Sequence[FaceRef]) -> list[tuple[list[int], Stages]]:
+    def _parse_groups(faces: Sequence[FaceRef]) -> list[tuple[list[int], PipelineSteps]]:
         """Faces grouped by parser (with / without the mask): each group's masks are one parser call."""
-        groups: dict[int, tuple[list[int], Stages]] = {}
+        groups: dict[int, tuple[list[int], PipelineSteps]] = {}
         for i, (p, _) in enumerate(faces):
             groups.setdefault(id(p.stages.parser), ([], p.stages))[0].append(i)
         return list(groups.values())

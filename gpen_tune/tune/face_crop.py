@@ -2,7 +2,7 @@
 
 What changes (pipeline settings, not the generator): the detector sees a copy whose long side is
 `DEFAULT_DET_SIZE` (`gpen_tune.pipeline.settings.detection_size`; off: native resolution) and alignment warps,
-masks and paste-back run on each face's bounding region instead of full-frame canvases per face (`Stages`' paste;
+masks and paste-back run on each face's bounding region instead of full-frame canvases per face (`paste_image`;
 upstream warps two full-frame images and runs four full-frame passes per face: measured upstream, 3.8 s of CPU work
 per 12 MP photo, growing with the photo, not the faces). Off = upstream-like whole-frame processing, kept for
 comparison.

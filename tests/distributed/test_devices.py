@@ -27,8 +27,8 @@ from gpen_tune.pipeline.api import Pipeline, enhance
 from gpen_tune.pipeline.scheduler import SchedulerConfig
 from gpen_tune.pipeline.sinks import MemorySink
 from gpen_tune.pipeline.sources import ArraySource
+from gpen_tune.pipeline.video import enhance_frames
 from gpen_tune.tune import TuneConfig
-from gpen_tune.video.stream import enhance_frames
 
 SMALL = SchedulerConfig(workers=1, prepare_workers=1, max_inflight=2)
 

@@ -95,3 +95,17 @@ def test_output_through_a_filesystem_url(local_ray, plain, tmp_path: Path) -> No
                                                           if k in ("astronaut.png", "wall.png")})
     again = ray_enhance(photos, f"file://{tmp_path / 'out'}", settings(), ext=EXT, options=CPU_ACTORS)
     assert again.exit_code == 1 and all("already exists" in j.error for j in again.refused)
+
+
+def test_ray_pool_is_a_pipeline_for_enhance(local_ray, plain, tmp_path: Path) -> None:
+    """A RayPool drives the steps in Ray's actors behind the Pipeline interface: `gpen_tune.enhance` runs a folder
+    on it as on one pipeline, and refuses a video in one line (one tracker and one encoder per video)."""
+    from gpen_tune.distributed.ray_data import RayPool
+
+    folder, outputs, status = plain
+    with RayPool(settings(), options=CPU_ACTORS) as pool:
+        result = enhance([folder], tmp_path / "out", pipeline=pool, ext=EXT)
+        assert_same_outputs(read_outputs(tmp_path / "out"), outputs)
+        assert statuses(result) == status
+        with pytest.raises(ValueError, match="videos run without --ray"):
+            pool.run([], None, tracker=object())

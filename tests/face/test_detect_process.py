@@ -205,7 +205,7 @@ def test_lazy_detector_is_refused(tmp_path):
     settings = EnhanceSettings(device="cpu", detector="mtcnn", detector_process=True)
     pipe = Pipeline(settings, restorer=as_restorer(lambda x: x, device="cpu", size=64), detector=lazy)
     with pytest.raises(ValueError, match="lazy detector"):
-        pipe.stages("process")
+        pipe.steps(service="process")
     assert pipe.detector("inline") is lazy and lazy.builds == 0
 
 

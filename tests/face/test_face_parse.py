@@ -247,7 +247,8 @@ def test_cuda_device_paste_through_the_parse_mask_matches_the_host_paste(tmp_pat
     on_host = enhance(folder, tmp_path / "s", pipeline=host, serial=False, ext="png").summary
     on_device = enhance(folder, tmp_path / "p", pipeline=device, serial=False, ext="png").summary
     assert on_device.faces == on_host.faces >= 7
-    assert not host.stages("thread").device_paste_possible and device.stages("thread").device_paste_possible
+    assert not host.steps(service="thread").device_paste_possible
+    assert device.steps(service="thread").device_paste_possible
     for a, b in zip(on_host.results, on_device.results, strict=True):
         x, y = cv2.imread(str(a.output)).astype(int), cv2.imread(str(b.output)).astype(int)
         assert np.abs(x - y).max() <= 2, a.output

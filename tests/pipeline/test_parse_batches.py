@@ -1,6 +1,6 @@
-"""The parse mask runs on each generator batch (`Stages.parse_batch` / `keep_masks`, called by both schedulers):
-on a folder holding a two-face mosaic and a one-face photo, the serial and threaded outputs equal those of the
-per-image parse (the image's faces parsed as one batch in `finish`, as the Ray Data path still does), the parser
+"""The parse mask runs on each generator batch (`Steps.restore`, called by every executor): on a folder holding a
+two-face mosaic and a one-face photo, the serial and threaded outputs equal those of the per-image parse (the
+image's faces parsed as one batch before the paste, as the pipeline once did), the parser
 runs once per generator batch, and every image with faces records a parse time. On CUDA: the device paste reads the
 batch's device masks, and starting a batch's masks makes no host sync.
 
@@ -27,7 +27,7 @@ from gpen_tune.model.configs import GPENConfig
 from gpen_tune.pipeline import EnhanceSettings, FileSink, FileSource, OutputNaming, Pipeline, SchedulerConfig
 from gpen_tune.pipeline.job import FaceCrop, ImageJob
 from gpen_tune.pipeline.scheduler import run_serial
-from gpen_tune.pipeline.stages import Stages
+from gpen_tune.pipeline.steps import Steps
 from gpen_tune.pipeline.threads import run_threaded
 
 pytest.importorskip("facexlib")
@@ -70,22 +70,24 @@ def pipe():
     p.close()
 
 
-def stages_with(pipe: Pipeline, parser: FaceParser, service: str = "inline") -> Stages:
-    return Stages(pipe.settings, pipe.size, pipe.device, pipe.detector(service), parser)
+def steps_with(pipe: Pipeline, parser: FaceParser | None, sink=None, service: str = "inline") -> Steps:
+    return Steps(pipe.settings, pipe.restorer, sink, detector=pipe.detector(service), parser=parser)
 
 
 def per_image_reference(pipe: Pipeline, paths: list[Path]) -> tuple[list[np.ndarray], list[int]]:
-    """Every face restored in the serial run's batches, then each image parsed alone in `finish` (its faces as
-    one batch: the parse before it moved to the generator's batches). Returns (RGB outputs, parser calls)."""
+    """Every face restored in the serial run's batches, then each image parsed alone before its paste (its faces
+    as one batch: the parse before it moved to the generator's batches). Returns (RGB outputs, parser calls)."""
     parser = CountingParser()
-    stages = stages_with(pipe, parser)
-    jobs = stages.prepare([ImageJob(str(p), i) for i, p in enumerate(paths)], [lambda p=p: str(p) for p in paths])
-    crops = [c for job in jobs for c in stages.crops(job)]
-    restored = list(pipe.restorer.restore_crops(crops))
+    steps = steps_with(pipe, None)
+    jobs = steps.prepare([ImageJob(str(p), i, load=lambda p=p: str(p)) for i, p in enumerate(paths)])
+    restored = list(pipe.restorer.restore_crops([f.crop for job in jobs for f in job.faces]))
     out = []
     for job in jobs:
         mine, restored = restored[:len(job.faces)], restored[len(job.faces):]
-        out.append(stages.finish(job, mine).rgb)
+        masks = parser.masks(mine, [f.inverse for f in job.faces])
+        for face, crop, mask in zip(job.faces, mine, masks, strict=True):
+            face.restored, face.parse_mask = crop, mask
+        out.append(steps.paste(job).rgb)
     return out, parser.calls
 
 
@@ -101,9 +103,9 @@ def _run(pipe: Pipeline, paths: list[Path], out: Path, serial: bool):
     batches_before = pipe.restorer.times.batches
     sink = FileSink(OutputNaming(out, ext="png"))
     if serial:
-        summary = run_serial(FileSource(paths), stages_with(pipe, parser), pipe.restorer, sink, batch_size=4)
+        summary = run_serial(FileSource(paths), steps_with(pipe, parser, sink), batch_size=4)
     else:
-        summary = run_threaded(FileSource(paths), stages_with(pipe, parser, "thread"), pipe.restorer, sink,
+        summary = run_threaded(FileSource(paths), steps_with(pipe, parser, sink, "thread"),
                                SchedulerConfig(workers=2, max_wait_ms=50.0))
     return summary, parser.calls, pipe.restorer.times.batches - batches_before
 
@@ -130,10 +132,9 @@ def test_threaded_parses_each_generator_batch_once_with_the_per_image_outputs(pi
 
 
 def test_without_a_parser_nothing_is_parsed_and_no_parse_time(pipe, folder, tmp_path):
-    stages = Stages(pipe.settings, pipe.size, pipe.device, pipe.detector("inline"), None)
-    summary = run_serial(FileSource(folder[1:2]), stages, pipe.restorer, FileSink(OutputNaming(tmp_path, ext="png")))
+    steps = steps_with(pipe, None, FileSink(OutputNaming(tmp_path, ext="png")))
+    summary = run_serial(FileSource(folder[1:2]), steps)
     assert summary.results[0].status == "ok" and "parse" not in summary.results[0].timings
-    assert stages.parse_batch([(summary.results[0], 0)], torch.zeros(1, 64, 64, 3, dtype=torch.uint8), False) is None
 
 
 # ---------------------------------------------------------------------------------------------------- CUDA
@@ -141,25 +142,27 @@ def test_without_a_parser_nothing_is_parsed_and_no_parse_time(pipe, folder, tmp_
 
 @pytest.mark.gpu
 def test_cuda_batch_masks_start_without_host_sync_and_match_each_face_alone():
-    """A restored batch on the device: its masks start with no host sync (an error in sync debug mode), the device
-    paste's faces keep device masks, and each face's mask agrees with that face parsed alone (fp32 parser)."""
+    """A restored batch on the device: its masks start with no host sync (an error in sync debug mode), a batch of
+    device-pasted images keeps device masks, and each face's mask agrees with that face parsed alone (fp32
+    parser)."""
     faces = torch.from_numpy(samples.aligned_face_crops(256, 2)).cuda()
     parser = FaceParser("cuda", SYNTHETIC, precision="fp32")
     settings = EnhanceSettings(device="cuda", paste="gpu")
-    stages = Stages(settings, 256, torch.device("cuda"), None, parser, cut_on_device=False, paste_impl="torch")
-    job = ImageJob("two.png", picture=picture_from_array(np.zeros((2000, 1200, 3), np.uint8)))
+    steps = Steps(settings, size=256, device=torch.device("cuda"), parser=parser, cut_on_device=False,
+                  paste_impl="torch")
+    job = ImageJob("two.png", picture=picture_from_array(np.zeros((2000, 1200, 3), np.uint8)), on_device=True)
     job.faces = [FaceCrop(None, np.eye(2, 3), np.eye(2, 3) * (1.0 + i), None) for i in range(2)]
-    stages.keep_masks(stages.parse_batch([(job, 0), (job, 1)], faces, True), faces)   # warm-up (cuDNN, pinned)
+    steps._start_masks([(job, 0), (job, 1)], faces).result()   # warm-up (cuDNN, pinned)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        parse = stages.parse_batch([(job, 0), (job, 1)], faces, True)
+        pending = steps._start_masks([(job, 0), (job, 1)], faces)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    stages.keep_masks(parse, faces)
-    assert job.timings["parse"] > 0
+    device, host, seconds = pending.result()
+    assert seconds > 0 and host is None                        # device-pasted images: no host copy
     for k, face in enumerate(job.faces):
         alone = parser.masks_device(faces[k:k + 1], [face.inverse])[0]
-        assert face.parse_mask_device is not None and face.parse_mask_device.is_cuda
-        assert mask_area_iou(alone, face.parse_mask_device) >= 0.99
-        assert (alone - face.parse_mask_device).abs().mean().item() < 1e-3
+        assert device[k].is_cuda
+        assert mask_area_iou(alone, device[k]) >= 0.99
+        assert (alone - device[k]).abs().mean().item() < 1e-3

@@ -26,7 +26,7 @@ from gpen_tune.face import samples
 from gpen_tune.load import load_model
 from gpen_tune.model.configs import GPENConfig
 from gpen_tune.pipeline import EnhanceSettings, FileSink, FileSource, OutputNaming, Pipeline, SchedulerConfig, enhance
-from gpen_tune.pipeline.stages import Stages
+from gpen_tune.pipeline.steps import Steps
 from gpen_tune.pipeline.threads import run_threaded
 from gpen_tune.restore.restorer import Restorer
 from gpen_tune.tune import TuneConfig
@@ -56,12 +56,12 @@ def pipe(model):
     p.close()
 
 
-def threaded(pipe: Pipeline, paths, out: Path, restorer=None, stages_cls=Stages, naming=None,
+def threaded(pipe: Pipeline, paths, out: Path, restorer=None, steps_cls=Steps, naming=None,
              config: SchedulerConfig = SchedulerConfig(workers=2), on_result=None):
     """`paths` through run_threaded with `pipe`'s detector thread, a FileSink into `out` and `restorer`."""
-    stages = stages_cls(pipe.settings, pipe.size, pipe.device, pipe.detector("thread"))
     sink = FileSink(naming or OutputNaming(out))
-    return run_threaded(FileSource(paths), stages, restorer or pipe.restorer, sink, config, on_result=on_result)
+    steps = steps_cls(pipe.settings, restorer or pipe.restorer, sink, detector=pipe.detector("thread"))
+    return run_threaded(FileSource(paths), steps, config, on_result=on_result)
 
 
 def _name(job) -> str:
@@ -137,15 +137,15 @@ def test_results_in_input_order_and_named_as_serial(pipe, tmp_path):
     imgs = [samples.astronaut(), samples.grace_hopper(), np.full((64, 64, 3), 30, np.uint8), samples.astronaut()]
     paths = [_write(src / n, im) for n, im in zip(names, imgs, strict=True)]
 
-    class SlowFirst(Stages):
-        def prepare(self, jobs, loaders):
+    class SlowFirst(Steps):
+        def prepare(self, jobs):
             if any(j.index == 0 for j in jobs):
                 time.sleep(1.0)             # the first input finishes last
-            return super().prepare(jobs, loaders)
+            return super().prepare(jobs)
 
     out = tmp_path / "out"
     completion: list[int] = []
-    summary = threaded(pipe, paths, out, stages_cls=SlowFirst, naming=OutputNaming(out, suffix="_gpen"),
+    summary = threaded(pipe, paths, out, steps_cls=SlowFirst, naming=OutputNaming(out, suffix="_gpen"),
                        config=SchedulerConfig(workers=2, max_wait_ms=1.0),
                        on_result=lambda r: completion.append(r.index))
     assert completion[-1] == 0 and sorted(completion) == [0, 1, 2, 3]
@@ -202,25 +202,24 @@ def test_bounded_inflight_with_slow_consumer(pipe, model, tmp_path):
     lock = threading.Lock()
     live = {"now": 0, "peak": 0, "prepared": 0}
 
-    class SlowConsumer(Stages):
-        def prepare(self, jobs, loaders):
-            done = super().prepare(jobs, loaders)
+    class SlowConsumer(Steps):
+        def prepare(self, jobs):
+            done = super().prepare(jobs)
             with lock:
                 live["now"] += len(jobs)
                 live["prepared"] += len(jobs)
                 live["peak"] = max(live["peak"], live["now"])
             return done
 
-        def finish(self, job, restored, restored_device=None):
+        def finish(self, job):
             time.sleep(0.15)
-            out = super().finish(job, restored, restored_device)
+            super().finish(job)
             with lock:
                 live["now"] -= 1
-            return out
 
     restorer = Restorer(model, device="cpu", size=64, max_batch=2)
     cfg = SchedulerConfig(workers=1, prepare_workers=1, max_inflight=3)
-    summary = threaded(pipe, paths, tmp_path / "out", restorer, stages_cls=SlowConsumer, config=cfg)
+    summary = threaded(pipe, paths, tmp_path / "out", restorer, steps_cls=SlowConsumer, config=cfg)
     assert summary.ok == 14
     assert live["peak"] <= 3                       # held images never exceed the bound
     assert live["peak"] >= 2                       # ... and the stages did overlap
@@ -261,15 +260,15 @@ def _interrupt_paths(tmp_path: Path, n: int = 8) -> list[Path]:
 def test_interrupt_raised_inside_a_stage(pipe, model, tmp_path):
     paths = _interrupt_paths(tmp_path)
 
-    class InterruptAt4(Stages):
-        def prepare(self, jobs, loaders):
+    class InterruptAt4(Steps):
+        def prepare(self, jobs):
             if any(j.index == 4 for j in jobs):
                 raise KeyboardInterrupt
-            return super().prepare(jobs, loaders)
+            return super().prepare(jobs)
 
     out = tmp_path / "out"
     summary = threaded(pipe, paths, out, Restorer(model, device="cpu", size=64, max_batch=2),
-                       stages_cls=InterruptAt4, config=SchedulerConfig(workers=1))
+                       steps_cls=InterruptAt4, config=SchedulerConfig(workers=1))
     assert summary.interrupted
     assert len(summary.results) == 8 and summary.results[4].status == "dropped"
     assert summary.dropped >= 1 and "interrupted" in summary.line()
@@ -278,7 +277,7 @@ def test_interrupt_raised_inside_a_stage(pipe, model, tmp_path):
     written = _all_decodable(out) if out.exists() else []
     assert {p.name for p in written} == {r.output.name for r in summary.results if r.status == "ok"}
     _no_partial_files(out)
-    scheduler = ("gpen-feed", "gpen-prep", "gpen-seq", "gpen-gpu", "gpen-fin")
+    scheduler = ("gpen-feed", "gpen-prep", "gpen-gpu", "gpen-fin")
     assert not [t.name for t in threading.enumerate() if t.name.startswith(scheduler)]   # every one has ended
 
 
@@ -438,20 +437,20 @@ def test_cuda_faces_cut_on_the_gpu(mixed_folder, tmp_path):
 
     enh = Pipeline(EnhanceSettings(device="cuda", detector="mtcnn", batch_size=8, paste="gpu"), model=model)
     paths = [p for p in sorted(Path(mixed_folder).iterdir()) if p.name != "e_broken.jpg"]
-    stages = enh.stages("inline")
-    if not stages.cut_on_device:
+    steps = enh.steps()
+    if not steps.cut_on_device:
         pytest.skip("needs Triton")
-    jobs = stages.prepare([ImageJob(str(p), i) for i, p in enumerate(paths)], [lambda p=p: str(p) for p in paths])
+    jobs = steps.prepare([ImageJob(str(p), i, load=lambda p=p: str(p)) for i, p in enumerate(paths)])
     with_faces = [job for job in jobs if job.faces]
     assert len(with_faces) >= 2
     for job in with_faces:
-        got = torch.stack(list(stages.crops(job))).cpu().numpy()
+        got = torch.stack([f.crop for f in job.faces]).cpu().numpy()
         want = np.stack([warp_crop(job.picture.rgb8(), f.affine, enh.size) for f in job.faces])
         np.testing.assert_array_equal(got, want)
-        assert job.image_device is not None and not stages.needs_host_restored(job)
-    saving = enh.stages("inline", save_faces=True)               # --save-faces: the crops are cut on the host
+        assert job.on_device and job.image_device is not None      # the restorations need no host copy
+    saving = enh.steps(save_faces=True)               # --save-faces: the crops are cut on the host
     first = paths[with_faces[0].index]
-    again = saving.prepare([ImageJob(str(first), 0)], [lambda: str(first)])[0]
-    assert not saving.cut_on_device and saving.needs_host_restored(again)
-    assert again.image_device is None and again.faces and all(f.crop is not None for f in again.faces)
+    again = saving.prepare([ImageJob(str(first), 0, load=lambda: str(first))])[0]
+    assert not saving.cut_on_device and again.image_device is None
+    assert again.faces and all(isinstance(f.crop, np.ndarray) for f in again.faces)
     enh.close()

@@ -24,8 +24,8 @@ from gpen_tune.load import load_model  # noqa: E402
 from gpen_tune.model.configs import GPENConfig  # noqa: E402
 from gpen_tune.pipeline.api import Pipeline  # noqa: E402
 from gpen_tune.pipeline.settings import EnhanceSettings  # noqa: E402
+from gpen_tune.pipeline.video import enhance_frames, enhance_video  # noqa: E402
 from gpen_tune.video.encoders import pick_encoder  # noqa: E402
-from gpen_tune.video.stream import enhance_frames, enhance_video  # noqa: E402
 from gpen_tune.video_presets import ENCODER_PRESETS, encoder_preset_for  # noqa: E402
 
 COMMON = ["--weights", "synthetic", "--model", "GPEN-BFR-256", "--detector", "mtcnn", "--device", "cpu"]
