@@ -50,3 +50,7 @@ def main() -> None:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         raise SystemExit(130) from None
+    finally:
+        # The command is done: a Ctrl-C that lands while the interpreter shuts down (Python puts SIGINT back to
+        # the default action there) would turn the exit status into a death by signal; ignored signals stay ignored.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -113,7 +113,7 @@ def test_exported_file_in_the_convention_gives_enhances_restored_crop(tmp_path, 
     Image.fromarray(samples.astronaut()).save(photo)
     res = CliRunner().invoke(app, ["enhance", str(photo), "-o", str(tmp_path / "out"), "--model", "GPEN-BFR-256",
                                    "--weights", str(ckpt), "--device", "cpu", "--detector", "mtcnn",
-                                   "--save-faces"], catch_exceptions=False)
+                                   "--preset", "none", "--save-faces"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     side_by_side = np.asarray(Image.open(tmp_path / "out" / "faces" / "astronaut_face00.png").convert("RGB"))
     aligned, restored = side_by_side[:, :256], side_by_side[:, 256:]
