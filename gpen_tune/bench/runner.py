@@ -158,7 +158,8 @@ def run_bench(s: BenchSettings, log: Callable[[str], None] = print,
         torch.set_float32_matmul_precision(saved[2])
 
 
-def _run_bench(s: BenchSettings, log: Callable[[str], None], on_progress: Callable[[dict], None] | None) -> dict:
+def _bench_device(s: BenchSettings) -> torch.device:
+    """The measured device, with its index (CUDA: cuDNN's benchmark mode set as asked)."""
     device = torch.device(s.device)
     if device.type == "cuda":
         if not torch.cuda.is_available():
@@ -166,6 +167,11 @@ def _run_bench(s: BenchSettings, log: Callable[[str], None], on_progress: Callab
         torch.backends.cudnn.benchmark = s.cudnn_benchmark
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _run_bench(s: BenchSettings, log: Callable[[str], None], on_progress: Callable[[dict], None] | None) -> dict:
+    device = _bench_device(s)
     model_arg, gcfg = model_config(s.model)
     if s.custom is not None and not s.rows:
         rows = select_rows(["default"])
