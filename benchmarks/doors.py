@@ -363,10 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.image.is_file():
         ap.error(f"{args.image}: not found (pass --image)")
-    import torch
+    from timing import bench_device
 
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = bench_device(args.device)
     sz = sizes(args.small)
     work = Path(tempfile.mkdtemp(prefix="gpen-doors-"))
     command = shlex.join([Path(sys.executable).name, *sys.argv])

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from meters import Sampler  # noqa: E402
 from throughput import environment, metered_pipeline  # noqa: E402
-from timing import Stopwatch  # noqa: E402
+from timing import Stopwatch, bench_device  # noqa: E402
 
 from gpen_tune.face.parse import timing_parse_weights  # noqa: E402
 from gpen_tune.pipeline.outputs import OutputNaming  # noqa: E402
@@ -63,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.image.is_file():
         ap.error(f"{args.image}: not found (pass --image)")
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = bench_device(args.device)
     batch = args.batch or (32 if device.type == "cuda" else 8)
     command = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])
     work = Path(tempfile.mkdtemp(prefix="gpen-group-"))

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from meters import BusyMeter, Sampler  # noqa: E402
-from timing import Stopwatch  # noqa: E402
+from timing import Stopwatch, bench_device  # noqa: E402
 
 from gpen_tune.face import samples  # noqa: E402
 from gpen_tune.face.detect import init_detector  # noqa: E402
@@ -299,8 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         args.device = "cpu" if args.device == "auto" else args.device
         args.preset = "none" if args.preset == "speed" else args.preset
         args.images = args.images or 4
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = bench_device(args.device)
     args.images = args.images or (480 if device.type == "cuda" else 8)
     batch = args.batch or (32 if device.type == "cuda" else 4)
     command = " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv])

@@ -61,6 +61,13 @@ class Stopwatch:
         return time.perf_counter() - self._start[0]
 
 
+def bench_device(name: str) -> torch.device:
+    """A benchmark's --device: "auto" is CUDA where there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 def best_seconds(fn: Callable[[], object], repeats: int) -> float:
     """The fastest of `repeats` calls of `fn`, in seconds."""
     best = float("inf")

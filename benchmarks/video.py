@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from meters import BusyMeter, Sampler  # noqa: E402
 from throughput import environment, metered_pipeline  # noqa: E402
-from timing import Stopwatch  # noqa: E402
+from timing import Stopwatch, bench_device  # noqa: E402
 
 from gpen_tune.face import samples  # noqa: E402
 from gpen_tune.pipeline.api import Pipeline  # noqa: E402
@@ -126,8 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-serial", action="store_true")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = bench_device(args.device)
     size = (1920, 1080)
     if args.tiny:
         args.model, size = "GPEN-BFR-256", (320, 180)
