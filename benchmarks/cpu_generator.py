@@ -5,6 +5,8 @@ Variants (all at batch 1, the CPU's batch: a bigger batch gains nothing there):
   fp32          our FullGenerator in fp32 (no switches)
   bf16          --amp bf16 on the FullGenerator
   fused-bf16    --fused --amp bf16 (the fused generator's PyTorch passes, channels-last)
+  onednn-bf16   --fused --onednn --amp bf16 (the fused generator's oneDNN form, gpen_tune.model.fused_onednn)
+  onednn-fp32   --fused --onednn (the same in fp32)
   preset-cpu    what `--preset auto` builds on this CPU (`build_restorer` with `choose_cpu_preset`'s config)
   ort-fp32      --backend onnxruntime: the exported graph on ONNX Runtime's CPU provider, all graph optimizations
   ort-fp32-basic  the same with ONNX Runtime's basic graph optimizations only (constant folding, no fusions)
@@ -13,9 +15,13 @@ Variants (all at batch 1, the CPU's batch: a bigger batch gains nothing there):
 Calls are interleaved (A B C ... A B C ...) so a load change on a shared machine hits every variant alike; the
 JSON has medians of wall time and of process CPU time / threads (less sensitive to other processes), the
 relative IQR of each, the load average before and after, PSNR vs fp32 and the command.
+Heap: the oneDNN form keeps freed memory in the process (glibc mmap/trim thresholds, `gpen_tune.tune.onednn`), a
+process-wide setting made when `preset-cpu` is built, so every variant of such a run shares it; `--heap kept` sets
+it before any variant, `--heap default` leaves glibc's (then a run without preset-cpu keeps glibc's for all).
 
     python benchmarks/cpu_generator.py --model GPEN-BFR-256 --repeats 9 --out benchmarks/results
     python benchmarks/cpu_generator.py --variants upstream,fused-bf16,preset-cpu,ort-fp32,ort-fp32-basic,ort-fp32-1t
+    python benchmarks/cpu_generator.py --variants upstream,fused-bf16,onednn-bf16,preset-cpu --repeats 15
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import json
 import os
 import platform
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,11 +49,13 @@ from gpen_tune.bench.measure import psnr  # noqa: E402
 from gpen_tune.export.onnx import onnx_graph, ort_session  # noqa: E402
 from gpen_tune.load import load_model  # noqa: E402
 from gpen_tune.model.fused import fuse  # noqa: E402
+from gpen_tune.model.fused_onednn import fuse_onednn  # noqa: E402
 from gpen_tune.model.reference import ReferenceGenerator  # noqa: E402
 from gpen_tune.restore import build_restorer  # noqa: E402
 from gpen_tune.restore.onnx_backend import OnnxRuntimeForward  # noqa: E402
 from gpen_tune.tune.amp import cast_model  # noqa: E402
 from gpen_tune.tune.hardware import cpu_capabilities  # noqa: E402
+from gpen_tune.tune.onednn import keep_freed_memory  # noqa: E402
 from gpen_tune.tune.options import choose_cpu_preset  # noqa: E402
 
 
@@ -61,6 +70,10 @@ def build_variants(weights: str, model: str, names: list[str]) -> tuple[dict, to
         variants["bf16"] = cast_model(copy.deepcopy(base), torch.bfloat16)
     if "fused-bf16" in names:
         variants["fused-bf16"] = fuse(base, torch.bfloat16, impl="torch")
+    if "onednn-bf16" in names:
+        variants["onednn-bf16"] = fuse_onednn(base, torch.bfloat16)
+    if "onednn-fp32" in names:
+        variants["onednn-fp32"] = fuse_onednn(base, torch.float32)
     ort_variants = {"ort-fp32": ("fp32", "all", None), "ort-fp32-basic": ("fp32", "basic", None),
                     "ort-fp32-1t": ("fp32", "all", 1), "ort-fp16": ("fp16", "all", None)}
     graphs: dict[str, bytes] = {}
@@ -95,6 +108,14 @@ def measure(variants: dict, x: torch.Tensor, repeats: int, threads: int) -> dict
             for k in variants}
 
 
+def _uptime() -> str:
+    """`uptime`'s line (the load of the shared machine while the run ended)."""
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="GPEN-BFR-256")
@@ -102,8 +123,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--variants", default="upstream,fp32,bf16,fused-bf16,preset-cpu,ort-fp32")
+    ap.add_argument("--heap", choices=("default", "kept"), default="default",
+                    help="kept: the oneDNN form's heap setting for every variant from the start (see above)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args()
+    if args.heap == "kept":
+        keep_freed_memory()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     load_before = os.getloadavg()
@@ -131,7 +156,8 @@ def main() -> None:
         "repeats": args.repeats, "interleaved": True, "cpu": platform.processor() or platform.machine(),
         "capabilities": cpu_capabilities().__dict__, "torch": torch.__version__,
         "onnxruntime": onnxruntime.__version__,
-        "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+        "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "uptime": _uptime(),
+        "heap": "kept" if keep_freed_memory.cache_info().currsize else "default (glibc's)",
         "noise": "rel_iqr_wall per row; ms_per_face_cpu = process CPU time / threads (other processes inflate "
                  "wall time, much less CPU time)",
         "rows": rows,

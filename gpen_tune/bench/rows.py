@@ -40,6 +40,7 @@ def all_rows(compile_mode: str = "default", amp: str = "bf16") -> list[Row]:
     other_amp = "fp16" if amp == "bf16" else "bf16"
     rows.append(Row(f"amp_{other_amp}", f"--amp {other_amp}", ("amp",), replace(ALL_OFF, amp=other_amp)))
     rows.append(Row("fused", "--fused", ("fused",), replace(ALL_OFF, fused=True)))
+    rows.append(Row("onednn", "--fused --onednn", ("fused", "onednn"), replace(ALL_OFF, fused=True, onednn=True)))
     ort = replace(ALL_OFF, backend="onnxruntime")
     rows.append(Row("onnxruntime", "--backend onnxruntime", (), ort))
     rows.append(Row("onnxruntime_fp16", "--backend onnxruntime --amp fp16", ("amp",), replace(ort, amp="fp16")))
@@ -49,7 +50,7 @@ def all_rows(compile_mode: str = "default", amp: str = "bf16") -> list[Row]:
 
 
 DEFAULT_ROWS: tuple[str, ...] = ("default", "1", "1+2", "1+2+3", "1-4", "1-6", *STEPS, "amp_fp16", "fused",
-                                 "onnxruntime")
+                                 "onednn", "onnxruntime")
 
 
 def select_rows(names: list[str] | None, compile_mode: str = "default", amp: str = "bf16") -> list[Row]:

@@ -74,6 +74,8 @@ CudaGraphOpt = Annotated[bool | None, typer.Option(
     "--cuda-graph/--no-cuda-graph", help=switch_short("cuda_graph"), rich_help_panel=PANEL, show_default=False)]
 FusedOpt = Annotated[bool | None, typer.Option(
     "--fused/--no-fused", help=switch_short("fused"), rich_help_panel=PANEL, show_default=False)]
+OnednnOpt = Annotated[bool | None, typer.Option(
+    "--onednn/--no-onednn", help=switch_short("onednn"), rich_help_panel=PANEL, show_default=False)]
 BackendOpt = Annotated[str | None, typer.Option(
     "--backend", metavar="|".join(BACKENDS), parser=choice(BACKENDS, case_sensitive=False),
     help=switch_short("backend"), rich_help_panel=PANEL, show_default=False)]
@@ -94,6 +96,7 @@ def tune_config_from_options(
     cuda_graph: bool | None = None,
     fused: bool | None = None,
     backend: str | None = None,
+    onednn: bool | None = None,
     device: str = "cuda",
     base: TuneConfig | None = None,
 ) -> tuple[TuneConfig, str]:
@@ -108,5 +111,5 @@ def tune_config_from_options(
         name, start, origin = resolve_preset(preset, device)
     cfg = with_overrides(start, lazy_detector=lazy_detector, compile=compile, amp=amp,
                          act_checkpoint=act_checkpoint, face_crop=face_crop, cuda_graph=cuda_graph, fused=fused,
-                         backend=backend)
+                         backend=backend, onednn=onednn)
     return cfg, f"{origin}; switches: {cfg.describe()}"

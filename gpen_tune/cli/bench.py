@@ -20,6 +20,7 @@ from gpen_tune.cli._options import (
     FaceCropOpt,
     FusedOpt,
     LazyDetectorOpt,
+    OnednnOpt,
     PresetOpt,
     choice,
     either,
@@ -128,6 +129,7 @@ def bench(
     cuda_graph: CudaGraphOpt = None,
     fused: FusedOpt = None,
     backend: BackendOpt = None,
+    onednn: OnednnOpt = None,
 ) -> None:
     """Benchmark the generator with each optimization: ms/face, faces/s, peak memory, stability, PSNR vs fp32.
 
@@ -153,7 +155,7 @@ def bench(
         err.print("[bold yellow]notice:[/] no CUDA device: benchmarking on the CPU (GPU-only rows are skipped)")
     custom, custom_label = None, "custom"
     switches = (lazy_detector, compile, amp, either(act_checkpoint, checkpoint), face_crop, cuda_graph, fused,
-                backend)
+                backend, onednn)
     if preset is not None or any(v is not None for v in switches):
         custom, line = tune_config_from_options(preset, *switches, device=dev, base=TuneConfig())
         err.print(f"[bold]optimizations:[/] {line}", highlight=False)

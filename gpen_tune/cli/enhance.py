@@ -21,6 +21,7 @@ from gpen_tune.cli._options import (
     FaceCropOpt,
     FusedOpt,
     LazyDetectorOpt,
+    OnednnOpt,
     choice,
     either,
     preset_option,
@@ -159,6 +160,7 @@ def enhance(
     cuda_graph: CudaGraphOpt = None,
     fused: FusedOpt = None,
     backend: BackendOpt = None,
+    onednn: OnednnOpt = None,
 ) -> None:
     """Restore every face in photos and videos: detect, align, restore in batches, paste back seamlessly."""
     # Long only for its Typer signature (one annotated parameter per flag); the body checks and hands over. Every
@@ -177,7 +179,7 @@ def enhance(
     settings, tune, origin = _settings_and_tune(
         names, recursive=recursive, preset=preset, switches=(lazy_detector, compile, amp,
                                                              either(act_checkpoint, checkpoint), face_crop,
-                                                             cuda_graph, fused, backend),
+                                                             cuda_graph, fused, backend, onednn),
         device=device, to_ray=to_ray, checks=dict(pattern=name_pattern, suffix=suffix, ext=ext, codec=codec,
                                                   report=report, existing=existing),
         model=model, weights=weights, template=template, detector=detector, detector_weights=detector_weights,

@@ -173,7 +173,7 @@ class OnednnGenerator(FusedGenerator):
 
     def _forward_one(self, x: torch.Tensor) -> torch.Tensor:
         dt = self.dtype
-        feats = self._encode_one(_cl(x.to(dt)))
+        feats = self._encode_one(x.to(dtype=dt, memory_format=torch.channels_last))
         styles = self._styles(feats[-1])[0]                                   # [sum of cin] fp32
         n_conv = len(self.layers)
         s_all = torch.split(styles, self.mod_sizes)
@@ -195,7 +195,9 @@ class OnednnGenerator(FusedGenerator):
         return skip
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self._forward_one(x[i: i + 1]) for i in range(x.shape[0])]).contiguous()
+        if x.shape[0] == 1:
+            return self._forward_one(x)
+        return torch.cat([self._forward_one(x[i: i + 1]) for i in range(x.shape[0])])
 
 
 def fuse_onednn(model: FullGenerator, dtype: torch.dtype | None = None) -> OnednnGenerator:

@@ -18,8 +18,8 @@ if TYPE_CHECKING:  # amp imports this module
     from gpen_tune.tune.amp import Fp32Reserve
 
 # each switch's "off" value: what `effective` holds for a skipped switch
-OFF_VALUES = {"act_checkpoint": False, "amp": "off", "fused": False, "compile": None, "cuda_graph": False,
-              "lazy_detector": False, "face_crop": False}
+OFF_VALUES = {"act_checkpoint": False, "amp": "off", "fused": False, "onednn": False, "compile": None,
+              "cuda_graph": False, "lazy_detector": False, "face_crop": False}
 
 
 @dataclass

@@ -3,8 +3,8 @@
 Every switch module has the same two calls: `is_supported(device, cfg)` (None, or why it cannot run here) and
 `apply(done: Applied)`, which reads and extends the build so far. `apply_switches` skips the unsupported ones with
 their reason, then calls `apply` of each switch that is on, in `options.APPLY_ORDER`: act_checkpoint -> amp -> fused
--> compile -> cuda_graph -> lazy_detector -> face_crop (the last two act on the pipeline, which reads them from the
-TuneConfig; their `apply` leaves the generator alone). `gpen_tune.restore.build_restorer` wraps the result.
+-> onednn -> compile -> cuda_graph -> lazy_detector -> face_crop (the last two act on the pipeline, which reads them
+from the TuneConfig; their `apply` leaves the generator alone). `gpen_tune.restore.build_restorer` wraps the result.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from gpen_tune.tune import act_checkpoint, amp, cuda_graph, face_crop, fused, lazy_detector, torch_compile
+from gpen_tune.tune import act_checkpoint, amp, cuda_graph, face_crop, fused, lazy_detector, onednn, torch_compile
 from gpen_tune.tune.applied import Applied
 from gpen_tune.tune.options import APPLY_ORDER, TuneConfig
 
@@ -22,6 +22,7 @@ SWITCH_MODULES = {
     "act_checkpoint": act_checkpoint,
     "amp": amp,
     "fused": fused,
+    "onednn": onednn,
     "compile": torch_compile,
     "cuda_graph": cuda_graph,
     "lazy_detector": lazy_detector,

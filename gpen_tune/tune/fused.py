@@ -1,4 +1,5 @@
-"""--fused: the fused generator of `gpen_tune.model.fused` (benchmarks/RESULTS.md has its measurements).
+"""--fused: the fused generator of `gpen_tune.model.fused` (benchmarks/RESULTS.md has its measurements); with
+--onednn on the CPU, its oneDNN form (`gpen_tune.model.fused_onednn`).
 
 What changes: `fuse(model, dtype)` returns a module with FullGenerator's forward contract built from the fp32
 weights: style-independent weight transforms precomputed, channels-last, and after every conv one Triton pass
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from gpen_tune.model.fused import fuse
+from gpen_tune.model.fused_onednn import fuse_onednn
 from gpen_tune.tune import amp
 from gpen_tune.tune.applied import Applied
 from gpen_tune.tune.options import TuneConfig
@@ -26,8 +28,15 @@ def apply(done: Applied) -> None:
     """The fused module from the fp32 weights; then the generator (the NaN fallback's template) is cast to the
     amp dtype, or moved to the meta device where the run needs no second resident copy of the weights."""
     dtype = amp.AMP_DTYPES[done.cfg.amp] if done.on("amp") else None
+    if done.on("onednn"):                          # the CPU form (`gpen_tune.tune.onednn`)
+        try:
+            done.forward = fuse_onednn(done.model, dtype=dtype)
+        except Exception as e:
+            done.skip("onednn", f"the oneDNN form failed to build ({type(e).__name__}: {str(e)[:200]}); "
+                                "using the fused PyTorch passes")
     try:
-        done.forward = fuse(done.model, dtype=dtype)
+        if not done.on("onednn"):
+            done.forward = fuse(done.model, dtype=dtype)
     except Exception as e:
         done.skip("fused", f"the fused generator failed to build ({type(e).__name__}: {str(e)[:200]}); "
                            "using the unfused model")

@@ -78,6 +78,15 @@ class TuneConfig:
         help=("Use the fused generator of gpen_tune.model.fused (precomputed weight transforms, channels-last, "
               "one Triton pass per conv for FIR + demodulation + bias + activation + next style)."),
         tolerance="max-abs <= 1e-3 vs fp32 in fp32", requires="any device (Triton kernels on CUDA)")
+    onednn: bool = _switch(
+        False, flag="--onednn",
+        short="With --fused on the CPU: each conv one oneDNN call with bias and activation fused in.",
+        help=("The fused generator's CPU form (gpen_tune.model.fused_onednn): every conv one oneDNN call with its "
+              "bias and leaky ReLU fused in, demodulation kept pending per channel, the style folded into the "
+              "smaller of weight and input, the up-conv as one 2x2 phase conv, weights prepacked; the process "
+              "keeps freed activation memory (no page faults per call)."),
+        tolerance="the fused generator's: max-abs <= 1e-3 vs fp32 in fp32, >= 40 dB in bf16",
+        requires="the CPU (PyTorch with oneDNN) and --fused")
     backend: Backend = _switch(
         "torch", flag="--backend",
         short="What runs the generator: torch (PyTorch) or onnxruntime (ONNX Runtime, CPU).",
@@ -125,11 +134,13 @@ STEPS: tuple[str, ...] = ("lazy_detector", "compile", "amp", "act_checkpoint", "
 # The fixed order `build_restorer` applies switches in, and why:
 #   act_checkpoint first (a flag on the FullGenerator itself, must be set before anything wraps it),
 #   amp (casts the weights in place: everything downstream sees the final dtype),
-#   fused (rebuilds the module from the cast weights),
+#   fused (rebuilds the module from the cast weights; in its oneDNN form when onednn is on),
+#   onednn (the process-wide heap setting of the oneDNN form),
 #   compile (traces the final module),
 #   cuda_graph (captures the compiled or eager module; skipped when compile already uses CUDA graphs),
 #   lazy_detector and face_crop act on the pipeline, not on the generator.
-APPLY_ORDER: tuple[str, ...] = ("act_checkpoint", "amp", "fused", "compile", "cuda_graph", "lazy_detector", "face_crop")
+APPLY_ORDER: tuple[str, ...] = ("act_checkpoint", "amp", "fused", "onednn", "compile", "cuda_graph", "lazy_detector",
+                                "face_crop")
 
 PRESETS: dict[str, TuneConfig] = {
     # fastest steady state: the fused bf16 path under CUDA graphs. No compile: Dynamo cannot trace the fused
@@ -144,11 +155,11 @@ PRESETS: dict[str, TuneConfig] = {
     "low-memory": TuneConfig(lazy_detector=True, compile=None, amp="bf16", act_checkpoint=True, face_crop=True,
                              cuda_graph=False, fused=False),
     # the CPU: bf16 where the CPU has native bf16 dot products (`choose_cpu_preset` turns it off elsewhere), the
-    # fused generator (its PyTorch passes: channels-last oneDNN convs, one pass per conv epilogue), no GPU-only
+    # fused generator in its oneDNN form (each conv one oneDNN call with bias and activation fused in), no GPU-only
     # switch; benchmarks/results/*_cpu_generator_*.json have the measurements. PyTorch, not ONNX Runtime: its fp32
     # graph took 2x the fused bf16 generator's CPU time on an AMX Xeon (20261204-171902_cpu_generator_GPEN-BFR-256)
     "cpu": TuneConfig(lazy_detector=False, compile=None, amp="bf16", act_checkpoint=False, face_crop=True,
-                      cuda_graph=False, fused=True, backend="torch"),
+                      cuda_graph=False, fused=True, onednn=True, backend="torch"),
     # Apple MPS: fp16 (Apple GPUs compute fp16 natively; bf16 needs macOS 14+, checked by amp.is_supported when
     # asked for), the fused generator's PyTorch passes
     "mps": TuneConfig(lazy_detector=False, compile=None, amp="fp16", act_checkpoint=False, face_crop=True,
@@ -169,8 +180,9 @@ def choose_cpu_preset(caps: CpuCapabilities) -> tuple[str, TuneConfig, str]:
     Pure: the caller reads the capabilities (`gpen_tune.tune.hardware.cpu_capabilities`)."""
     cfg = PRESETS["cpu"]
     if caps.bf16_dot:
-        return "cpu", cfg, f"CPU ({caps.describe()}): preset cpu (bf16, fused)"
-    return "cpu", replace(cfg, amp="off"), f"CPU ({caps.describe()}): preset cpu in fp32 (no native bf16), fused"
+        return "cpu", cfg, f"CPU ({caps.describe()}): preset cpu (bf16, fused, oneDNN form)"
+    return "cpu", replace(cfg, amp="off"), (f"CPU ({caps.describe()}): preset cpu in fp32 (no native bf16), fused, "
+                                            "oneDNN form")
 
 
 def choose_preset(free_bytes: int | None, total_bytes: int | None,

@@ -92,7 +92,7 @@ def test_amp_pays_off_only_with_native_dot_products():
 def test_cli_flags_name_the_switches_as_the_cli_spells_them():
     assert cli_flags(TuneConfig(amp="bf16", act_checkpoint=True)) == "--act-checkpoint --amp bf16"
     assert cli_flags(TuneConfig()) == "fp32, all off"
-    assert cli_flags(PRESETS["cpu"]) == "--amp bf16 --fused"
+    assert cli_flags(PRESETS["cpu"]) == "--amp bf16 --fused --onednn"
     assert cli_flags(TuneConfig(face_crop=False)) == "--no-face-crop"
 
 
