@@ -110,6 +110,7 @@ class OnednnGenerator(FusedGenerator):
         for layer in self.layers:
             self._decoder_layer(layer, size, dtype)
             size = size * 2 if layer.upsample else size
+        self._vector_tables()
 
     def _decoder_layer(self, layer: nn.Module, size: int, dtype: torch.dtype) -> None:
         """Replace a styled layer's weight by what `_styled` runs (input `size` px): the up-conv's phase weight and
@@ -132,6 +133,57 @@ class OnednnGenerator(FusedGenerator):
         layer.packed_noise = pack(noise, 0, 1, layer.cout, (layer.cout, out, out))
         layer.register_buffer("noise_b", layer.b_f.to(dtype), persistent=False)
 
+    def _vector_tables(self) -> None:
+        """Index tables that give every layer's per-channel vectors (styles, demodulation, pending factors, biases)
+        in a few whole-network ops per call instead of a dozen small ops per layer: rows padded to the widest."""
+        layers, n = self.layers, len(self.layers)
+        cin = [layer.cin for layer in layers]
+        cout = [layer.cout for layer in layers]
+        wide_in, wide_out = max(cin), max(cout)
+        wsq = torch.zeros(n, wide_in, wide_out)
+        b_h = torch.zeros(n, wide_out)
+        for k, layer in enumerate(layers):
+            wsq[k, : cin[k], : cout[k]] = layer.wsq
+            b_h[k, : cout[k]] = layer.b_h
+            del layer.wsq
+        offsets = [sum(self.mod_sizes[:i]) for i in range(len(self.mod_sizes))]
+        zero = sum(self.mod_sizes)                         # index of a 0 appended to the styles
+        one, sqrt2 = n * wide_out, n * wide_out + 1        # indices of 1 and sqrt(2) appended to d * sqrt(2)
+        # a layer's input: [conv half (pending d * sqrt2 of the layer before), noise half (pending sqrt2)]
+        s_idx = torch.full((n, wide_in), zero)
+        p_idx = torch.full((n, wide_in), one)
+        for k in range(n):
+            s_idx[k, : cin[k]] = torch.arange(offsets[k], offsets[k] + cin[k])
+            if k > 0:
+                c = cout[k - 1]
+                p_idx[k, :c] = torch.arange((k - 1) * wide_out, (k - 1) * wide_out + c)
+                p_idx[k, c: 2 * c] = sqrt2
+        # ToRGB j reads the input of layer k_j + 1: after conv1 (j = 0), then after every level's second conv
+        after = [0] + [k for k, layer in enumerate(layers) if k > 0 and not layer.upsample]
+        wide_rgb = 2 * max(cout[k] for k in after)
+        rs_idx = torch.full((len(after), wide_rgb), zero)
+        rp_idx = torch.full((len(after), wide_rgb), one)
+        for j, k in enumerate(after):
+            c = cout[k]
+            rs_idx[j, : 2 * c] = torch.arange(offsets[n + j], offsets[n + j] + 2 * c)
+            rp_idx[j, :c] = torch.arange(k * wide_out, k * wide_out + c)
+            rp_idx[j, c: 2 * c] = sqrt2
+        for name, t in (("wsq_all", wsq), ("b_h_all", b_h), ("s_idx", s_idx), ("p_idx", p_idx),
+                        ("rs_idx", rs_idx), ("rp_idx", rp_idx)):
+            self.register_buffer(name, t, persistent=False)
+        self.register_buffer("pend_consts", torch.tensor([1.0, SQRT2]), persistent=False)
+
+    def _vectors(self, styles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """styles [sum of cin] -> (conv input scales [n, wide_in] in the compute dtype, conv biases b/d [n, wide_out]
+        in the compute dtype, ToRGB scales [levels, wide_rgb] fp32): style times the input's pending factors."""
+        s = torch.cat([styles, styles.new_zeros(1)])
+        s_in = s[self.s_idx]
+        d = torch.rsqrt(torch.bmm(s_in.square()[:, None], self.wsq_all)[:, 0] + 1e-8)    # [n, wide_out]
+        pending = torch.cat([d.flatten() * SQRT2, self.pend_consts])
+        scale = (s_in * pending[self.p_idx]).to(self.dtype)
+        bias = (self.b_h_all / d).to(self.dtype)
+        return scale, bias, s[self.rs_idx] * pending[self.rp_idx]
+
     def extra_repr(self) -> str:
         return f"size={self.size}, dtype={self.dtype}, oneDNN"
 
@@ -147,49 +199,53 @@ class OnednnGenerator(FusedGenerator):
             feats.append(h)
         return feats
 
-    def _styled(self, layer: nn.Module, buf: torch.Tensor, scale: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-        """lrelu(modconv(buf) / d + b / d): the conv with the style and the input's pending factors in `scale`
-        applied to whichever of weight and input is smaller (`modulate_weight`)."""
-        dt = self.dtype
-        bias = (layer.b_h / d).to(dt)
+    def _styled(self, layer: nn.Module, buf: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """lrelu(modconv(buf) / d + b / d), `bias` = b / d: the conv with the style and the input's pending factors
+        in `scale`, applied to whichever of weight and input is smaller (`modulate_weight`)."""
         if layer.modulate_weight:
-            weight = _cl(layer.weight * scale.to(dt).view(1, -1, 1, 1))
+            weight = _cl(layer.weight * scale.view(1, -1, 1, 1))
         else:
             weight = layer.packed
-            buf = buf * scale.to(dt).view(1, -1, 1, 1)
+            buf = buf * scale.view(1, -1, 1, 1)
         if not layer.upsample:
             return conv_act(buf, weight, bias, padding=layer.padding)
         y = interleave(conv_act(buf, weight, None, padding=1, act=False), layer.cout)  # the transposed conv
         n = 2 * buf.shape[-1]
         return conv_act(y, layer.packed_blur, bias, padding=1, groups=layer.cout)[:, :, :n, :n]
 
-    def _rgb(self, k: int, buf: torch.Tensor, scale: torch.Tensor, skip: torch.Tensor | None) -> torch.Tensor:
+    def _rgb(self, k: int, parts: list[torch.Tensor], scale: torch.Tensor, skip: torch.Tensor | None
+             ) -> torch.Tensor:
+        """ToRGB of the next input [conv half | noise half], given as one tensor or as its two halves: a 1x1 conv
+        with the style in its weight and the bias, added to the up-sampled skip (fp32)."""
         rgb = self.rgbs[k]
-        weight = (rgb.weight * scale[:, None]).t().to(self.dtype)[:, :, None, None]   # [3, 2C, 1, 1]
-        out = F.conv2d(buf, _cl(weight)).float() + rgb.bias
-        if skip is not None:
-            out = out + F.conv_transpose2d(skip, rgb.up_weight, stride=2, padding=1, groups=3)
-        return out
+        weight = _cl((rgb.weight * scale[: rgb.weight.shape[0], None]).t().to(self.dtype)[:, :, None, None])
+        bias = rgb.bias.view(3).to(self.dtype)
+        if len(parts) == 1:
+            y = conv_act(parts[0], weight, bias, act=False)
+        else:                   # the halves' two 1x1 convs, the second adding the first (no concatenated copy)
+            c = parts[0].shape[1]
+            y = torch.ops.mkldnn._convolution_pointwise(parts[1], conv_act(parts[0], weight[:, :c], bias, act=False),
+                                                        weight[:, c:], None, [0, 0], [1, 1], [1, 1], 1, "add", 1.0,
+                                                        None, [], None)
+        if skip is None:
+            return y.float()
+        return F.conv_transpose2d(skip, rgb.up_weight, stride=2, padding=1, groups=3).add_(y)
 
     def _forward_one(self, x: torch.Tensor) -> torch.Tensor:
-        dt = self.dtype
-        feats = self._encode_one(x.to(dtype=dt, memory_format=torch.channels_last))
-        styles = self._styles(feats[-1])[0]                                   # [sum of cin] fp32
-        n_conv = len(self.layers)
-        s_all = torch.split(styles, self.mod_sizes)
-        buf = _cl(self.const.to(dt))
-        pending = torch.ones(buf.shape[1])                   # per-channel factors the buffer's values still owe
+        feats = self._encode_one(x.to(dtype=self.dtype, memory_format=torch.channels_last))
+        scale, bias, rgb_scale = self._vectors(self._styles(feats[-1])[0])
+        buf = _cl(self.const.to(self.dtype))
         skip = None
         feat_idx = len(feats) - 1
+        last = len(self.layers) - 1
         for k, layer in enumerate(self.layers):
-            d = torch.rsqrt(torch.addmm(self.demod_eps, s_all[k][None].square(), layer.wsq))[0]
-            h = self._styled(layer, buf, s_all[k] * pending, d)
+            h = self._styled(layer, buf, scale[k, : layer.cin], bias[k, : layer.cout])
             g = conv_act(feats[feat_idx], layer.packed_noise, layer.noise_b, groups=layer.cout)
-            buf = torch.cat([h, g], dim=1)
-            pending = torch.cat([d * SQRT2, torch.full_like(d, SQRT2)])
+            parts = [h, g] if k == last else [torch.cat([h, g], dim=1)]       # the last one only feeds ToRGB
+            buf = parts[0]
             if k == 0 or not layer.upsample:
                 rgb_idx = 0 if k == 0 else (k - 1) // 2 + 1
-                skip = self._rgb(rgb_idx, buf, s_all[n_conv + rgb_idx] * pending, skip)
+                skip = self._rgb(rgb_idx, parts, rgb_scale[rgb_idx], skip)
                 feats[feat_idx] = None                                       # last use: the allocator reuses it
                 feat_idx -= 1
         return skip
