@@ -15,9 +15,6 @@ Variants (all at batch 1, the CPU's batch: a bigger batch gains nothing there):
 Calls are interleaved (A B C ... A B C ...) so a load change on a shared machine hits every variant alike; the
 JSON has medians of wall time and of process CPU time / threads (less sensitive to other processes), the
 relative IQR of each, the load average before and after, PSNR vs fp32 and the command.
-Heap: the oneDNN form keeps freed memory in the process (glibc mmap/trim thresholds, `gpen_tune.tune.onednn`), a
-process-wide setting made when `preset-cpu` is built, so every variant of such a run shares it; `--heap kept` sets
-it before any variant, `--heap default` leaves glibc's (then a run without preset-cpu keeps glibc's for all).
 
     python benchmarks/cpu_generator.py --model GPEN-BFR-256 --repeats 9 --out benchmarks/results
     python benchmarks/cpu_generator.py --variants upstream,fused-bf16,preset-cpu,ort-fp32,ort-fp32-basic,ort-fp32-1t
@@ -55,7 +52,6 @@ from gpen_tune.restore import build_restorer  # noqa: E402
 from gpen_tune.restore.onnx_backend import OnnxRuntimeForward  # noqa: E402
 from gpen_tune.tune.amp import cast_model  # noqa: E402
 from gpen_tune.tune.hardware import cpu_capabilities  # noqa: E402
-from gpen_tune.tune.onednn import keep_freed_memory  # noqa: E402
 from gpen_tune.tune.options import choose_cpu_preset  # noqa: E402
 
 
@@ -123,12 +119,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--variants", default="upstream,fp32,bf16,fused-bf16,preset-cpu,ort-fp32")
-    ap.add_argument("--heap", choices=("default", "kept"), default="default",
-                    help="kept: the oneDNN form's heap setting for every variant from the start (see above)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args()
-    if args.heap == "kept":
-        keep_freed_memory()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     load_before = os.getloadavg()
@@ -157,7 +149,6 @@ def main() -> None:
         "capabilities": cpu_capabilities().__dict__, "torch": torch.__version__,
         "onnxruntime": onnxruntime.__version__,
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "uptime": _uptime(),
-        "heap": "kept" if keep_freed_memory.cache_info().currsize else "default (glibc's)",
         "noise": "rel_iqr_wall per row; ms_per_face_cpu = process CPU time / threads (other processes inflate "
                  "wall time, much less CPU time)",
         "rows": rows,

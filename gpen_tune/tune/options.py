@@ -83,8 +83,7 @@ class TuneConfig:
         short="With --fused on the CPU: each conv one oneDNN call with bias and activation fused in.",
         help=("The fused generator's CPU form (gpen_tune.model.fused_onednn): every conv one oneDNN call with its "
               "bias and leaky ReLU fused in, demodulation kept pending per channel, the style folded into the "
-              "smaller of weight and input, the up-conv as one 2x2 phase conv, weights prepacked; the process "
-              "keeps freed activation memory (no page faults per call)."),
+              "smaller of weight and input, the up-conv as one 2x2 phase conv, weights prepacked."),
         tolerance="the fused generator's: max-abs <= 1e-3 vs fp32 in fp32, >= 40 dB in bf16",
         requires="the CPU (PyTorch with oneDNN) and --fused")
     backend: Backend = _switch(
@@ -135,7 +134,7 @@ STEPS: tuple[str, ...] = ("lazy_detector", "compile", "amp", "act_checkpoint", "
 #   act_checkpoint first (a flag on the FullGenerator itself, must be set before anything wraps it),
 #   amp (casts the weights in place: everything downstream sees the final dtype),
 #   fused (rebuilds the module from the cast weights; in its oneDNN form when onednn is on),
-#   onednn (the process-wide heap setting of the oneDNN form),
+#   onednn (nothing of its own: fused builds its form),
 #   compile (traces the final module),
 #   cuda_graph (captures the compiled or eager module; skipped when compile already uses CUDA graphs),
 #   lazy_detector and face_crop act on the pipeline, not on the generator.
