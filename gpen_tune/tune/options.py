@@ -80,7 +80,7 @@ class TuneConfig:
         tolerance="max-abs <= 1e-3 vs fp32 in fp32", requires="any device (Triton kernels on CUDA)")
     onednn: bool = _switch(
         False, flag="--onednn",
-        short="With --fused on the CPU: each conv one oneDNN call with bias and activation fused in.",
+        short="With --fused: fused oneDNN convolutions (CPU).",
         help=("The fused generator's CPU form (gpen_tune.model.fused_onednn): every conv one oneDNN call with its "
               "bias and leaky ReLU fused in, demodulation kept pending per channel, the style folded into the "
               "smaller of weight and input, the up-conv as one 2x2 phase conv, weights prepacked."),

@@ -81,6 +81,7 @@ def test_plain_run_records_config_and_prints_stage_table(plain):
                                                      # native), and it says so
     (["--preset", "none", "--act-checkpoint"], None, 0.0),   # act_checkpoint: identical output
     (["--preset", "none", "--checkpoint"], None, 0.0),       # its earlier name, a hidden alias: the same
+    (["--preset", "none", "--fused", "--onednn"], None, 1.0),  # the fused generator's oneDNN form in fp32
     # bf16 + checkpoint (+ GPU-only switches skipped on CPU): amp's >= 40 dB PSNR vs fp32, on the pipelined runner
     # (2 inputs in one batch); the serial path runs the same restorer (its bf16 batches: tests/pipeline/test_enhance)
     pytest.param(["--preset", "low-memory"], 40.0, None, marks=pytest.mark.cpu_bf16),
@@ -104,10 +105,12 @@ def test_switch_outputs_within_tolerance_of_plain_run(folder, tmp_path, plain, f
         assert psnr(a, b) >= (min_psnr or 60.0)
     tune = report["tune"]
     if auto:
-        assert "preset cpu" in res.output and tune["effective"]["fused"]
+        assert "preset cpu" in res.output and tune["effective"]["fused"] and tune["effective"]["onednn"]
         assert tune["effective"]["amp"] == ("bf16" if auto_bf16 else "off")
         assert not tune["effective"]["cuda_graph"]       # the cpu preset asks for no GPU-only switch
-    if "none" in flags:
+    if "--onednn" in flags:
+        assert tune["effective"]["onednn"] and tune["effective"]["fused"] and not tune["skipped"]
+    elif "none" in flags:
         assert tune["requested"]["act_checkpoint"] is True and tune["effective"]["act_checkpoint"] is True
     if "low-memory" in flags:
         assert "preset low-memory" in res.output
