@@ -4,10 +4,12 @@ Variants (all at batch 1, the CPU's batch: a bigger batch gains nothing there):
   upstream      `gpen_tune.model.reference`: per-sample modulated weights, grouped convs, fp32 (upstream's forward)
   fp32          our FullGenerator in fp32 (no switches)
   bf16          --amp bf16 on the FullGenerator
+  fused-fp32    --fused (the fused generator's PyTorch passes in fp32)
   fused-bf16    --fused --amp bf16 (the fused generator's PyTorch passes, channels-last)
   onednn-bf16   --fused --onednn --amp bf16 (the fused generator's oneDNN form, gpen_tune.model.fused_onednn)
   onednn-fp32   --fused --onednn (the same in fp32)
-  preset-cpu    what `--preset auto` builds on this CPU (`build_restorer` with `choose_cpu_preset`'s config)
+  preset-cpu    what `--preset auto` builds on this CPU (`build_restorer` with `choose_cpu_preset`'s config: on an
+                AVX512-BF16 / AMX-BF16 CPU the same module as onednn-bf16)
   ort-fp32      --backend onnxruntime: the exported graph on ONNX Runtime's CPU provider, all graph optimizations
   ort-fp32-basic  the same with ONNX Runtime's basic graph optimizations only (constant folding, no fusions)
   ort-fp32-1t   the same as ort-fp32 with one intra-op thread (the other core left to the rest of the pipeline)
@@ -64,6 +66,8 @@ def build_variants(weights: str, model: str, names: list[str]) -> tuple[dict, to
         variants["fp32"] = base
     if "bf16" in names:
         variants["bf16"] = cast_model(copy.deepcopy(base), torch.bfloat16)
+    if "fused-fp32" in names:
+        variants["fused-fp32"] = fuse(base, torch.float32, impl="torch")
     if "fused-bf16" in names:
         variants["fused-bf16"] = fuse(base, torch.bfloat16, impl="torch")
     if "onednn-bf16" in names:
