@@ -74,6 +74,11 @@ def build_variants(weights: str, model: str, names: list[str]) -> tuple[dict, to
         variants["onednn-bf16"] = fuse_onednn(base, torch.bfloat16)
     if "onednn-fp32" in names:
         variants["onednn-fp32"] = fuse_onednn(base, torch.float32)
+    if "preset-cpu" in names:    # before ONNX Runtime's variants: the variant after one starts with caches it filled
+        _, cfg, why = choose_cpu_preset(cpu_capabilities())
+        restorer = build_restorer(copy.deepcopy(base), cfg, device="cpu", max_batch=1)
+        variants["preset-cpu"] = restorer.forward
+        notes["preset-cpu"] = {"config": cfg.describe(), "reason": why, "skipped": restorer.skipped}
     ort_variants = {"ort-fp32": ("fp32", "all", None), "ort-fp32-basic": ("fp32", "basic", None),
                     "ort-fp32-1t": ("fp32", "all", 1), "ort-fp16": ("fp16", "all", None)}
     graphs: dict[str, bytes] = {}
@@ -84,11 +89,6 @@ def build_variants(weights: str, model: str, names: list[str]) -> tuple[dict, to
             variants[name] = OnnxRuntimeForward(ort_session(graphs[dtype], threads=threads, optimization=level))
             notes[name] = {"config": f"onnxruntime {onnxruntime.__version__}, {dtype}, graph optimizations {level}, "
                                      f"intra-op threads {threads or torch.get_num_threads()}"}
-    if "preset-cpu" in names:
-        _, cfg, why = choose_cpu_preset(cpu_capabilities())
-        restorer = build_restorer(copy.deepcopy(base), cfg, device="cpu", max_batch=1)
-        variants["preset-cpu"] = restorer.forward
-        notes["preset-cpu"] = {"config": cfg.describe(), "reason": why, "skipped": restorer.skipped}
     return variants, base, notes
 
 
