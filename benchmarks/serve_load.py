@@ -67,9 +67,20 @@ def metric(url: str, name: str) -> float:
     return 0.0
 
 
+def server_timing(header: str) -> list[tuple[str, float]]:
+    """(step, ms) pairs of a `Server-Timing` header ("decode;dur=1.3, detect;dur=87.8, ...")."""
+    out = []
+    for part in header.split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        if dur:
+            out.append((name, float(dur)))
+    return out
+
+
 def run_phase(url: str, bodies: list[bytes], clients: int) -> dict:
     """Every body once, from `clients` threads each with its own connection; latencies and counts."""
     latencies: list[float] = []
+    steps: dict[str, list[float]] = {}             # the responses' Server-Timing, ms per step
     errors: list[str] = []
     lock = threading.Lock()
     todo = iter(range(len(bodies)))
@@ -88,6 +99,8 @@ def run_phase(url: str, bodies: list[bytes], clients: int) -> dict:
                     latencies.append(sw.seconds)
                     if r.status_code != 200:
                         errors.append(f"{r.status_code}: {r.text[:200]}")
+                    for name, ms in server_timing(r.headers.get("Server-Timing", "")):
+                        steps.setdefault(name, []).append(ms)
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
     with Stopwatch() as phase:
@@ -105,6 +118,7 @@ def run_phase(url: str, bodies: list[bytes], clients: int) -> dict:
             "faces_per_generator_call": round(faces / calls, 3) if calls else None,
             "latency_s": {"p50": round(float(q[0]), 4), "p95": round(float(q[1]), 4), "p99": round(float(q[2]), 4),
                           "mean": round(statistics.mean(latencies), 4)},
+            "server_timing_mean_ms": {k: round(statistics.mean(v), 1) for k, v in steps.items()},
             "latencies": [round(x, 4) for x in latencies]}
 
 
@@ -201,6 +215,8 @@ def main() -> None:
               f"faces/s  p50 {p['latency_s']['p50'] * 1000:7.0f} ms  p95 {p['latency_s']['p95'] * 1000:7.0f} ms  "
               f"p99 {p['latency_s']['p99'] * 1000:7.0f} ms  faces/call {p['faces_per_generator_call']}  "
               f"errors {p['errors']}")
+    for name, p in phases.items():
+        print(f"{name:20s} Server-Timing mean ms: {p['server_timing_mean_ms']}")
     print(f"K-client throughput / one at a time: {result['throughput_ratio']:.2f}x  -> {path}")
 
 
