@@ -8,9 +8,9 @@ phase and per kind over all rounds, and the ratio of the K-client throughput to 
 (results_file.write_result). Requests are single-face photos built from the bundled ones
 (JPEG, as users send them).
 
-CPU, as measured here (2 cores):
+CPU, as measured here (2 cores; `--generator-calls 1` for the server's earlier one call at a time):
     python benchmarks/serve_load.py --device cpu --model GPEN-BFR-256 --weights synthetic --clients 4 \\
-        --requests 16 --rounds 2 --batch-size 4
+        --requests 16 --rounds 2
 
 H200 (the target: >= 500 faces/s from 64 concurrent single-face clients, p99 <= 300 ms; `bash
 benchmarks/gpu_tables.sh serve` runs exactly this):
@@ -67,9 +67,20 @@ def metric(url: str, name: str) -> float:
     return 0.0
 
 
+def server_timing(header: str) -> list[tuple[str, float]]:
+    """(step, ms) pairs of a `Server-Timing` header ("decode;dur=1.3, detect;dur=87.8, ...")."""
+    out = []
+    for part in header.split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        if dur:
+            out.append((name, float(dur)))
+    return out
+
+
 def run_phase(url: str, bodies: list[bytes], clients: int) -> dict:
     """Every body once, from `clients` threads each with its own connection; latencies and counts."""
     latencies: list[float] = []
+    steps: dict[str, list[float]] = {}             # the responses' Server-Timing, ms per step
     errors: list[str] = []
     lock = threading.Lock()
     todo = iter(range(len(bodies)))
@@ -88,6 +99,8 @@ def run_phase(url: str, bodies: list[bytes], clients: int) -> dict:
                     latencies.append(sw.seconds)
                     if r.status_code != 200:
                         errors.append(f"{r.status_code}: {r.text[:200]}")
+                    for name, ms in server_timing(r.headers.get("Server-Timing", "")):
+                        steps.setdefault(name, []).append(ms)
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
     with Stopwatch() as phase:
@@ -105,6 +118,7 @@ def run_phase(url: str, bodies: list[bytes], clients: int) -> dict:
             "faces_per_generator_call": round(faces / calls, 3) if calls else None,
             "latency_s": {"p50": round(float(q[0]), 4), "p95": round(float(q[1]), 4), "p99": round(float(q[2]), 4),
                           "mean": round(statistics.mean(latencies), 4)},
+            "server_timing_mean_ms": {k: round(statistics.mean(v), 1) for k, v in steps.items()},
             "latencies": [round(x, 4) for x in latencies]}
 
 
@@ -131,6 +145,8 @@ def start_server(args: argparse.Namespace, spool: Path) -> tuple[subprocess.Pope
            "--max-wait-ms", str(args.max_wait_ms), "--max-queue-faces", str(max(256, 4 * args.clients))]
     if args.batch_size:
         cmd += ["--batch-size", str(args.batch_size)]
+    if args.generator_calls:
+        cmd += ["--generator-calls", str(args.generator_calls)]
     if args.preset:
         cmd += ["--preset", args.preset]
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -159,6 +175,8 @@ def main() -> None:
     ap.add_argument("--preset", default=None)
     ap.add_argument("--batch-size", type=int, default=None)
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
+    ap.add_argument("--generator-calls", type=int, default=None, help="the server's --generator-calls (default: "
+                    "its own)")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--requests", type=int, default=32, help="requests of the K-client phase")
     ap.add_argument("--sequential-requests", type=int, default=None, help="of each one-at-a-time phase "
@@ -173,6 +191,7 @@ def main() -> None:
     spool = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpen-serve-load-{os.getpid()}"
     proc, url = start_server(args, spool)
     try:
+        workers = int(metric(url, "gpen_serve_generator_workers"))
         run_phase(url, bodies[: args.warmup], min(args.clients, args.warmup))
         phases = {"one_at_a_time_0": run_phase(url, bodies[:seq_n], 1)}
         for r in range(1, args.rounds + 1):
@@ -185,6 +204,7 @@ def main() -> None:
              for kind in ("one_at_a_time", "concurrent")}
     result = {"benchmark": "serve_load", "args": vars(args) | {"out": str(args.out)}, "phases": phases,
               "pooled": kinds,
+              "server_generator_calls": workers,
               "throughput_ratio": round(kinds["concurrent"]["requests_per_s"]
                                         / kinds["one_at_a_time"]["requests_per_s"], 3),
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
@@ -195,6 +215,8 @@ def main() -> None:
               f"faces/s  p50 {p['latency_s']['p50'] * 1000:7.0f} ms  p95 {p['latency_s']['p95'] * 1000:7.0f} ms  "
               f"p99 {p['latency_s']['p99'] * 1000:7.0f} ms  faces/call {p['faces_per_generator_call']}  "
               f"errors {p['errors']}")
+    for name, p in phases.items():
+        print(f"{name:20s} Server-Timing mean ms: {p['server_timing_mean_ms']}")
     print(f"K-client throughput / one at a time: {result['throughput_ratio']:.2f}x  -> {path}")
 
 

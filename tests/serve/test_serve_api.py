@@ -66,6 +66,15 @@ def batching_server(weights, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def parallel_server(weights, tmp_path_factory):
+    """Batch 1 with two generator calls at once (the CPU default on 2 cores; asked for here on any core count)."""
+    settings = EnhanceSettings(model=MODEL, weights=str(weights), detector="mtcnn", device="cpu", batch_size=1)
+    with server_thread(settings=settings, spool=tmp_path_factory.mktemp("parallel"),
+                       limits=ServeLimits(generator_calls=2)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
 def small_model():
     return load_model("synthetic", model=SMALLEST, device="cpu")
 
@@ -108,6 +117,22 @@ def test_concurrent_requests_share_generator_calls_and_give_enhance_pixels(batch
         assert ours.shape == theirs.shape
         assert np.abs(ours - theirs).max() <= TOLERANCE, path.name
         assert np.abs(ours - decoded(path.read_bytes())).max() > 10   # the face was restored, not passed through
+
+
+def test_two_generator_calls_at_once_give_enhance_pixels(parallel_server, photos, enhanced):
+    """Two batcher workers, each restoring one face per call in its own thread, while 8 requests come at once."""
+    url = parallel_server
+    assert metric(url, "gpen_serve_generator_workers") == 2
+    calls, faces = metric(url, "gpen_serve_generator_calls_total"), metric(url, "gpen_serve_faces_total")
+    with ThreadPoolExecutor(2 * len(photos)) as pool:
+        responses = list(pool.map(lambda p: post(url, p, ext="png"), photos + photos))
+    assert metric(url, "gpen_serve_faces_total") - faces == 2 * len(photos)
+    assert metric(url, "gpen_serve_generator_calls_total") - calls == 2 * len(photos)     # batch 1
+    for path, r in zip(photos + photos, responses, strict=True):
+        assert r.status_code == 200, r.text
+        ours, theirs = decoded(r.content), decoded(enhanced[path.name])
+        assert ours.shape == theirs.shape
+        assert np.abs(ours - theirs).max() <= TOLERANCE, path.name
 
 
 def test_job_runs_through_the_spool_and_answers_in_the_input_format(batching_server, photos, enhanced):
