@@ -149,13 +149,16 @@ def start_server(args: argparse.Namespace, spool: Path) -> tuple[subprocess.Pope
         cmd += ["--generator-calls", str(args.generator_calls)]
     if args.preset:
         cmd += ["--preset", args.preset]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    log = spool.parent / f"{spool.name}-server.log"            # the server's own output, shown if it fails
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"gpen-tune serve exited with {proc.returncode}: {' '.join(cmd)}")
+            tail = log.read_text(errors="replace")[-2000:]
+            raise SystemExit(f"gpen-tune serve exited with {proc.returncode}: {' '.join(cmd)}\n{tail}")
         try:
             if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
                 return proc, url
@@ -200,6 +203,7 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=600)
+        (spool.parent / f"{spool.name}-server.log").unlink(missing_ok=True)
     kinds = {kind: _pooled([p for name, p in phases.items() if name.startswith(kind)])
              for kind in ("one_at_a_time", "concurrent")}
     result = {"benchmark": "serve_load", "args": vars(args) | {"out": str(args.out)}, "phases": phases,
