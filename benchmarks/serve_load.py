@@ -203,7 +203,10 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=600)
-        (spool.parent / f"{spool.name}-server.log").unlink(missing_ok=True)
+        log = spool.parent / f"{spool.name}-server.log"
+        if any(p["errors"] for p in phases.values()) if "phases" in locals() else True:
+            print(f"server output (tail):\n{log.read_text(errors='replace')[-4000:]}", file=sys.stderr)
+        log.unlink(missing_ok=True)
     kinds = {kind: _pooled([p for name, p in phases.items() if name.startswith(kind)])
              for kind in ("one_at_a_time", "concurrent")}
     result = {"benchmark": "serve_load", "args": vars(args) | {"out": str(args.out)}, "phases": phases,

@@ -60,6 +60,7 @@ class Prepared:
     stages: PipelineSteps
     crops: list[Any]
     restored: list[np.ndarray | None] = field(default_factory=list)
+    restored_device: list[Any] = field(default_factory=list)       # the GPU rows, for an image pasted there
 
     @property
     def faces(self) -> int:
@@ -174,7 +175,7 @@ class Steps:
         if job.status == "error":
             raise ImageReadError(job.error or f"{name}: cannot be read")
         crops = [f.crop for f in job.faces] if job.waiting else []
-        return Prepared(job, stages, crops, [None] * len(crops))
+        return Prepared(job, stages, crops, [None] * len(crops), [None] * len(crops))
 
     def restore(self, faces: Sequence[FaceRef]) -> None:
         """One generator call for `faces` (at most `limit`), their parse masks behind it; results on each Prepared."""
@@ -188,15 +189,18 @@ class Steps:
         for idx, stages in self._parse_groups(faces):
             rows = _rows(batch, idx)
             stages.keep_masks([(faces[i][0].job, faces[i][1]) for i in idx], rows)
-        for (p, k), restored in zip(faces, out, strict=True):
+        for i, ((p, k), restored) in enumerate(zip(faces, out, strict=True)):
             p.restored[k] = restored
+            if p.job.on_device:                                   # pasted on the GPU: its row stays there
+                p.restored_device[k] = batch[i]
 
     def finish(self, prepared: Prepared, folder: Path, ext: str | None) -> Path:
         """Paste the restored faces back and write the image into `folder` (atomically, as `enhance` does)."""
         self._on_device()
         job = prepared.job
-        for face, restored in zip(job.faces, prepared.restored, strict=False):   # none when strength is 0
-            face.restored = restored
+        for face, restored, on_gpu in zip(job.faces, prepared.restored, prepared.restored_device,
+                                          strict=False):          # none when strength is 0
+            face.restored, face.restored_device = restored, on_gpu
         prepared.stages.paste(job)
         sink = FileSink(OutputNaming(folder, ext=ext))
         path = sink.write(job)

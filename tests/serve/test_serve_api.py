@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import torch
 import typer
 from conftest_weights import checkpoint_file
 from model_configs import SMALLEST
@@ -380,3 +381,27 @@ def test_the_app_mounts_in_a_users_own_server(small_model, photos, tmp_path):
     finally:
         server.should_exit = True
         thread.join(timeout=60)
+
+
+@pytest.mark.gpu
+def test_concurrent_requests_on_cuda_are_pasted_on_the_device_with_enhance_pixels(weights, photos, tmp_path,
+                                                                                   no_tf32):
+    """On CUDA the faces are pasted on the GPU (the restored rows stay there): concurrent requests sharing
+    generator calls give `enhance --device cuda`'s pixels (full fp32 convs: with TF32 other batch sizes pick other
+    algorithms, as in tests/pipeline/test_threads.py's CUDA test)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    out = tmp_path / "enhanced"
+    res = CliRunner().invoke(cli_app, ["enhance", *[str(p) for p in photos], "-o", str(out), "--weights",
+                                       str(weights), "--model", MODEL, "--detector", "mtcnn", "--device", "cuda",
+                                       "--ext", "png", "--suffix", "_x", "--preset", "none"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    settings = EnhanceSettings(model=MODEL, weights=str(weights), detector="mtcnn", device="cuda", batch_size=4)
+    with server_thread(settings=settings, spool=tmp_path / "spool", limits=ServeLimits(max_wait_ms=2_000)) as url:
+        with ThreadPoolExecutor(2 * len(photos)) as pool:
+            responses = list(pool.map(lambda p: post(url, p, ext="png"), photos + photos))
+    for path, r in zip(photos + photos, responses, strict=True):
+        assert r.status_code == 200, r.text
+        ours, theirs = decoded(r.content), decoded((out / f"{path.stem}_x.png").read_bytes())
+        assert ours.shape == theirs.shape
+        assert np.abs(ours - theirs).max() <= TOLERANCE, path.name
