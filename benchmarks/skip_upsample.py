@@ -12,7 +12,7 @@ of GPEN-512's skip shapes (8 -> 512) at one batch size, then steady (eager, CUDA
     polyphase      one 3x3 grouped conv2d giving the four output phases, then pixel_shuffle(2)
     polyphase_nhwc the same on a channels-last skip
 
-    python benchmarks/skip_upsample.py --batch 32 --dtype bf16      # writes benchmarks/results/skip_upsample_*.json
+    python benchmarks/skip_upsample.py --batch 32 --dtype bf16      # benchmarks/results/<date>_skip_upsample_bs32.json
 """
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from results_file import write_result  # noqa: E402
+
 VARIANTS = ("convT", "convT_nhwc", "convT_native", "fir_triton", "polyphase", "polyphase_nhwc")
 
 
@@ -118,10 +121,7 @@ def main() -> int:
     res = {"benchmark": "skip_upsample", "command": " ".join([Path(sys.executable).name, *sys.argv]),
            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": torch.cuda.get_device_name(0),
            "torch": torch.__version__, "batch": args.batch, "dtype": args.dtype, "rows": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"skip_upsample_{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}_bs{args.batch}.json"
-    path.write_text(json.dumps(res, indent=2))
-    print(f"wrote {path}")
+    print(f"wrote {write_result(args.out, f'skip_upsample_bs{args.batch}', res)}")
     return 0
 
 
