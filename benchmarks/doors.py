@@ -123,13 +123,15 @@ def cli(args: list[str], env: dict, timeout: float, report: Path | None = None,
         profile: Path | None = None) -> dict:
     """One `gpen-tune enhance` process: its wall time, exit code, tail of stderr and the --report it wrote. It runs
     in the checkout on env's PYTHONPATH (`python -m` puts its working folder first on sys.path). `profile`: sample
-    every thread with py-spy into this file (folded stacks, one root per thread; the wall time then includes
-    py-spy's small overhead)."""
+    every thread with py-spy into this file (folded stacks, one root per thread; non-blocking: in its default
+    mode, which stops the process for each sample, the runs took ~2x as long)."""
     cwd = env["PYTHONPATH"].split(os.pathsep)[0]
     cmd = [sys.executable, "-m", "gpen_tune", "enhance", *args]
     if profile is not None:
-        cmd = ["py-spy", "record", "--threads", "--subprocesses", "-f", "raw", "-r", "200", "-o", str(profile),
-               "--", *cmd]
+        from timing import py_spy
+
+        cmd = [py_spy(), "record", "--threads", "--subprocesses", "--nonblocking", "-f", "raw", "-r", "200", "-o",
+               str(profile), "--", *cmd]
     if report is not None:
         cmd += ["--report", str(report)]
     t0 = time.perf_counter()

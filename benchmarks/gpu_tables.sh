@@ -23,6 +23,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 DEST=${OUT:-benchmarks/results}
 PART=${1:-}
+PYSPY=$(command -v py-spy || true)                 # where installed: the server's threads sampled (part serve)
 if [[ -z "$PART" ]]; then sed -n '/^# Parts:/,/^set /p' "$0" | sed '$d'; exit 2; fi
 mkdir -p "$DEST"
 LOG="$DEST/$(date -u +%Y%m%d-%H%M)-gpu-$PART.log"
@@ -57,6 +58,7 @@ case "$PART" in
                    --images 2000 --model GPEN-BFR-512 --out "$DEST" ;;
   serve)         run timeout 590 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
                    --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 64 --rounds 1 \
-                   --batch-size 64 --max-wait-ms 5 --out "$DEST" ;;
+                   --batch-size 64 --max-wait-ms 5 --out "$DEST" \
+                   ${PYSPY:+--py-spy "$DEST/serve-server.folded"} ;;
   *) echo "unknown part $PART; bash $0 lists them" >&2; exit 2 ;;
 esac

@@ -39,7 +39,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_file import write_result  # noqa: E402
-from timing import Stopwatch  # noqa: E402
+from timing import Stopwatch, py_spy  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -187,12 +187,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="K-client phases, each followed by a one-at-a-time "
                     "phase (the run starts with one)")
     ap.add_argument("--warmup", type=int, default=4, help="requests sent first, not counted")
+    ap.add_argument("--py-spy", dest="profile", type=Path, default=None,
+                    help="attach py-spy to the ready server (every thread, non-blocking) and write its samples "
+                    "here (folded stacks)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     args = ap.parse_args()
     seq_n = args.sequential_requests or args.requests
     bodies = photos(max(args.requests, seq_n))
     spool = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpen-serve-load-{os.getpid()}"
     proc, url = start_server(args, spool)
+    spy = None                                    # py-spy attached to the ready server; it writes when the server ends
+    if args.profile is not None:
+        spy = subprocess.Popen([py_spy(), "record", "--pid", str(proc.pid), "--threads", "--nonblocking", "-f", "raw",
+                                "-r", "100", "-o", str(args.profile)])
+    phases: dict[str, dict] = {}
     try:
         workers = int(metric(url, "gpen_serve_generator_workers"))
         run_phase(url, bodies[: args.warmup], min(args.clients, args.warmup))
@@ -203,14 +211,16 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=600)
+        if spy is not None:
+            spy.wait(timeout=120)
         log = spool.parent / f"{spool.name}-server.log"
-        if any(p["errors"] for p in phases.values()) if "phases" in locals() else True:
+        if not phases or any(p["errors"] for p in phases.values()):
             print(f"server output (tail):\n{log.read_text(errors='replace')[-4000:]}", file=sys.stderr)
         log.unlink(missing_ok=True)
     kinds = {kind: _pooled([p for name, p in phases.items() if name.startswith(kind)])
              for kind in ("one_at_a_time", "concurrent")}
-    result = {"benchmark": "serve_load", "args": vars(args) | {"out": str(args.out)}, "phases": phases,
-              "pooled": kinds,
+    given = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    result = {"benchmark": "serve_load", "args": given, "phases": phases, "pooled": kinds,
               "server_generator_calls": workers,
               "throughput_ratio": round(kinds["concurrent"]["requests_per_s"]
                                         / kinds["one_at_a_time"]["requests_per_s"], 3),
