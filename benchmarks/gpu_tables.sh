@@ -27,6 +27,7 @@ PYSPY=$(command -v py-spy || true)                 # where installed: the server
 if [[ -z "$PART" ]]; then sed -n '/^# Parts:/,/^set /p' "$0" | sed '$d'; exit 2; fi
 mkdir -p "$DEST"
 LOG="$DEST/$(date -u +%Y%m%d-%H%M)-gpu-$PART.log"
+[[ "$PY" == echo ]] && LOG=/dev/null                 # a dry run (PYTHON=echo) writes no log
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 run() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; "$@" 2>&1 | tee -a "$LOG"; }
 bench() { run timeout 590 "$PY" -m gpen_tune bench --device cuda --repeats 6 --warmup 2 -o "$DEST" "$@"; }
