@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from gpen_tune.extras import MissingPart
 from gpen_tune.restore.restorer import Restorer
 from gpen_tune.tune.options import TuneConfig
 
@@ -49,26 +50,25 @@ class OnnxRuntimeForward:
 
 def unsupported_reason(device: torch.device) -> str | None:
     """Why the onnxruntime backend cannot run on `device` here (None: it can)."""
-    from gpen_tune.export.extras import INSTALL, missing_packages
+    from gpen_tune.extras import ONNX_INSTALL, ONNX_PARTS, missing
 
     if device.type != "cpu":
         return (f"--backend onnxruntime runs on the CPU (ONNX Runtime's CUDA provider is not part of the onnx "
                 f"extra); got --device {device.type}: use --device cpu or --backend torch")
-    missing = missing_packages()
-    if missing:
-        return f"--backend onnxruntime needs {', '.join(missing)}, part of the onnx extra: {INSTALL}"
+    absent = missing(ONNX_PARTS)
+    if absent:
+        return f"--backend onnxruntime needs {', '.join(absent)}, part of the onnx extra: {ONNX_INSTALL}"
     return None
 
 
 def build_onnx_restorer(model: torch.nn.Module, cfg: TuneConfig, *, device: torch.device,
                         max_batch: int | None = None, threads: int | None = None) -> Restorer:
     """A Restorer whose forward is ONNX Runtime running `model` (a fp32 FullGenerator) exported in memory."""
-    from gpen_tune.export.extras import OnnxExtraMissing
     from gpen_tune.export.onnx import onnx_graph, ort_session
 
     reason = unsupported_reason(device)
     if reason:
-        raise (ValueError if device.type != "cpu" else OnnxExtraMissing)(reason)
+        raise (ValueError if device.type != "cpu" else MissingPart)(reason)
     skipped = {name: "not applicable to the exported ONNX graph (onnxruntime backend)"
                for name in GRAPH_SWITCHES if getattr(cfg, name) not in (False, None)}
     dtype = "fp16" if cfg.amp == "fp16" else "fp32"
