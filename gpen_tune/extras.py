@@ -75,5 +75,5 @@ def import_part(module: str, what: str | None = None) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError:
-        part = OPTIONAL_PARTS[module]
+        part = OPTIONAL_PARTS[module.split(".")[0]]
         raise MissingPart(f"{what or part.needed_for} needs {part.label}: {part.install}") from None
