@@ -34,8 +34,8 @@ from results_file import write_result  # noqa: E402
 from gpen_tune.face import samples  # noqa: E402
 from gpen_tune.load import load_model  # noqa: E402
 from gpen_tune.model.configs import GPENConfig  # noqa: E402
+from gpen_tune.model.io import to_model_input  # noqa: E402
 from gpen_tune.pipeline import ArraySource, EnhanceSettings, Pipeline, SchedulerConfig  # noqa: E402
-from gpen_tune.restore.convert import to_model_input  # noqa: E402
 from gpen_tune.tune import TuneConfig  # noqa: E402
 from gpen_tune.tune.options import PRESETS  # noqa: E402
 

@@ -119,14 +119,14 @@ def face_batch(size: int) -> torch.Tensor:
     """Real faces in the convention's input: the astronaut's and Grace Hopper's faces aligned by our aligner,
     [2,3,S,S] in [-1,1] (two faces keep the check of a GPEN-BFR-2048 file to minutes on a CPU)."""
     from gpen_tune.face.samples import aligned_face_crops
-    from gpen_tune.restore.convert import to_model_input
+    from gpen_tune.model.io import to_model_input
 
     return to_model_input(torch.from_numpy(aligned_face_crops(size, n=2)))
 
 
 def compare(session: Any, model: torch.nn.Module, faces: torch.Tensor, batch: int | None) -> tuple[float, float]:
     """(max-abs, PSNR dB) of the session's output against the PyTorch fp32 generator on `faces`."""
-    from gpen_tune.bench.measure import max_abs, psnr
+    from gpen_tune.model.io import max_abs, psnr
 
     step = batch or 1        # dynamic: one face per call, so a GPEN-BFR-2048 check holds one face's activations
     with torch.no_grad():
