@@ -44,11 +44,11 @@ sys.path.insert(0, str(ROOT))
 
 from timing import Stopwatch, summary  # noqa: E402
 
-from gpen_tune.bench.measure import psnr  # noqa: E402
 from gpen_tune.export.onnx import onnx_graph, ort_session  # noqa: E402
 from gpen_tune.load import load_model  # noqa: E402
 from gpen_tune.model.fused import fuse  # noqa: E402
 from gpen_tune.model.fused_onednn import fuse_onednn  # noqa: E402
+from gpen_tune.model.io import psnr  # noqa: E402
 from gpen_tune.model.reference import ReferenceGenerator  # noqa: E402
 from gpen_tune.restore import build_restorer  # noqa: E402
 from gpen_tune.restore.onnx_backend import OnnxRuntimeForward  # noqa: E402

@@ -119,11 +119,19 @@ def make_inputs(work: Path, sz: dict, solvay: Path) -> dict:
 # ---------------------------------------------------------------------------------------------------- CLI runs
 
 
-def cli(args: list[str], env: dict, timeout: float, report: Path | None = None) -> dict:
+def cli(args: list[str], env: dict, timeout: float, report: Path | None = None,
+        profile: Path | None = None) -> dict:
     """One `gpen-tune enhance` process: its wall time, exit code, tail of stderr and the --report it wrote. It runs
-    in the checkout on env's PYTHONPATH (`python -m` puts its working folder first on sys.path)."""
+    in the checkout on env's PYTHONPATH (`python -m` puts its working folder first on sys.path). `profile`: sample
+    every thread with py-spy into this file (folded stacks, one root per thread; non-blocking: in its default
+    mode, which stops the process for each sample, the runs took ~2x as long)."""
     cwd = env["PYTHONPATH"].split(os.pathsep)[0]
     cmd = [sys.executable, "-m", "gpen_tune", "enhance", *args]
+    if profile is not None:
+        from timing import py_spy
+
+        cmd = [py_spy(), "record", "--threads", "--subprocesses", "--nonblocking", "-f", "raw", "-r", "200", "-o",
+               str(profile), "--", *cmd]
     if report is not None:
         cmd += ["--report", str(report)]
     t0 = time.perf_counter()
@@ -152,8 +160,9 @@ def common(sz: dict, preset: str, device: str) -> list[str]:
 
 
 def user_runs(inputs: dict, sz: dict, device: str, extra: list[str], code: Path,
-              only: set[str] | None = None) -> dict:
-    """The CLI runs (`only`: these of them; one_photo_warm_cache is warm only after one_photo_cold)."""
+              only: set[str] | None = None, profile_dir: Path | None = None) -> dict:
+    """The CLI runs (`only`: these of them; one_photo_warm_cache is warm only after one_photo_cold; `profile_dir`:
+    a py-spy profile of each run there, `<run>.folded`)."""
     work: Path = inputs["work"]
     caches = work / "kernel-caches"                 # fresh: the first run below is a first-ever run
     env = dict(os.environ, TRITON_CACHE_DIR=str(caches / "triton"), TORCHINDUCTOR_CACHE_DIR=str(caches / "inductor"),
@@ -179,7 +188,8 @@ def user_runs(inputs: dict, sz: dict, device: str, extra: list[str], code: Path,
                         "wall_s": imports_s, "rc": 0}}
     for name, (args, report) in plan.items():
         if only is None or name in only:
-            runs[name] = cli(args, env, t, work / report if report else None)
+            profile = profile_dir / f"{name}.folded" if profile_dir else None
+            runs[name] = cli(args, env, t, work / report if report else None, profile)
     return runs
 
 
@@ -359,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-limits", dest="limits", action="store_false", help="the CLI runs only")
     ap.add_argument("--only", default=None, help="comma list of CLI runs: one_photo_cold, one_photo_warm_cache, "
                     "startup, folder, clip_one, clip_group, big_photo (default: all)")
+    ap.add_argument("--py-spy", dest="profile_dir", type=Path, default=None,
+                    help="sample each CLI run with py-spy (every thread) into DIR/<run>.folded")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
     if not args.image.is_file():
@@ -372,7 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.perf_counter()
     inputs = make_inputs(work, sz, args.image)
     only = set(args.only.split(",")) if args.only else None
-    runs = user_runs(inputs, sz, device.type, shlex.split(args.extra), args.code.resolve(), only)
+    if args.profile_dir:
+        args.profile_dir.mkdir(parents=True, exist_ok=True)
+    runs = user_runs(inputs, sz, device.type, shlex.split(args.extra), args.code.resolve(), only, args.profile_dir)
     startup = runs["startup"]["wall_s"] if "startup" in runs else 0.0
     one_fps, one_fps_steady = video_fps(runs.get("clip_one"), startup)
     grp_fps, grp_fps_steady = video_fps(runs.get("clip_group"), startup)

@@ -4,7 +4,7 @@ set of inputs, so a code change is measured against its baseline in one run (A/B
     python benchmarks/doors_ab.py --code ../before --code . --only folder --rounds 2
 
 Each round runs every checkout once in the order given; round 1 of the first checkout also fills the kernel caches
-(one cache folder for all), so compare rounds 2 and later. One JSON `doors_ab-<gpu or cpu>-<date>.json` with each
+(one cache folder for all), so compare rounds 2 and later. One JSON `<date>_doors_ab_<gpu or cpu>.json` with each
 run's figures (folder faces/s, generator busy, detect time per image summed over threads, video fps, wall).
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from doors import ROOT, SOLVAY, busy_share, environment, make_inputs, sizes, user_runs  # noqa: E402
+from results_file import write_result  # noqa: E402
 
 
 def figures(name: str, run: dict) -> dict:
@@ -81,12 +82,9 @@ def main(argv: list[str] | None = None) -> int:
               "device": device.type, "sizes": sz, "codes": [str(c) for c in codes], "only": sorted(only),
               "folder": inputs["folder_info"], "runs": rounds}
     shutil.rmtree(work, ignore_errors=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = (result["environment"].get("gpu") if device.type == "cuda" else None) or "cpu"
-    tag = f"-{args.tag}" if args.tag else ""
-    path = args.out / f"doors_ab-{name.replace(' ', '-')}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}{tag}.json"
-    path.write_text(json.dumps(result, indent=2))
-    print(f"wrote {path}")
+    name = ((result["environment"].get("gpu") if device.type == "cuda" else None) or "cpu").replace(" ", "-")
+    tag = f"_{args.tag}" if args.tag else ""
+    print(f"wrote {write_result(args.out, f'doors_ab_{name}{tag}', result)}")
     return 0
 
 

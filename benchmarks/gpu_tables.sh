@@ -23,9 +23,11 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 DEST=${OUT:-benchmarks/results}
 PART=${1:-}
+PYSPY=$(command -v py-spy || true)                 # where installed: the server's threads sampled (part serve)
 if [[ -z "$PART" ]]; then sed -n '/^# Parts:/,/^set /p' "$0" | sed '$d'; exit 2; fi
 mkdir -p "$DEST"
 LOG="$DEST/$(date -u +%Y%m%d-%H%M)-gpu-$PART.log"
+[[ "$PY" == echo ]] && LOG=/dev/null                 # a dry run (PYTHON=echo) writes no log
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 run() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; "$@" 2>&1 | tee -a "$LOG"; }
 bench() { run timeout 590 "$PY" -m gpen_tune bench --device cuda --repeats 6 --warmup 2 -o "$DEST" "$@"; }
@@ -57,6 +59,7 @@ case "$PART" in
                    --images 2000 --model GPEN-BFR-512 --out "$DEST" ;;
   serve)         run timeout 590 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
                    --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 64 --rounds 1 \
-                   --batch-size 64 --max-wait-ms 5 --out "$DEST" ;;
+                   --batch-size 64 --max-wait-ms 5 --out "$DEST" \
+                   ${PYSPY:+--py-spy "$DEST/serve-server.folded"} ;;
   *) echo "unknown part $PART; bash $0 lists them" >&2; exit 2 ;;
 esac

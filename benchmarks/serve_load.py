@@ -8,9 +8,9 @@ phase and per kind over all rounds, and the ratio of the K-client throughput to 
 (results_file.write_result). Requests are single-face photos built from the bundled ones
 (JPEG, as users send them).
 
-CPU, as measured here (2 cores):
+CPU, as measured here (2 cores; `--generator-calls 1` for the server's earlier one call at a time):
     python benchmarks/serve_load.py --device cpu --model GPEN-BFR-256 --weights synthetic --clients 4 \\
-        --requests 16 --rounds 2 --batch-size 4
+        --requests 16 --rounds 2
 
 H200 (the target: >= 500 faces/s from 64 concurrent single-face clients, p99 <= 300 ms; `bash
 benchmarks/gpu_tables.sh serve` runs exactly this):
@@ -39,7 +39,7 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_file import write_result  # noqa: E402
-from timing import Stopwatch  # noqa: E402
+from timing import Stopwatch, py_spy  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,9 +67,20 @@ def metric(url: str, name: str) -> float:
     return 0.0
 
 
+def server_timing(header: str) -> list[tuple[str, float]]:
+    """(step, ms) pairs of a `Server-Timing` header ("decode;dur=1.3, detect;dur=87.8, ...")."""
+    out = []
+    for part in header.split(","):
+        name, _, dur = part.strip().partition(";dur=")
+        if dur:
+            out.append((name, float(dur)))
+    return out
+
+
 def run_phase(url: str, bodies: list[bytes], clients: int) -> dict:
     """Every body once, from `clients` threads each with its own connection; latencies and counts."""
     latencies: list[float] = []
+    steps: dict[str, list[float]] = {}             # the responses' Server-Timing, ms per step
     errors: list[str] = []
     lock = threading.Lock()
     todo = iter(range(len(bodies)))
@@ -88,6 +99,8 @@ def run_phase(url: str, bodies: list[bytes], clients: int) -> dict:
                     latencies.append(sw.seconds)
                     if r.status_code != 200:
                         errors.append(f"{r.status_code}: {r.text[:200]}")
+                    for name, ms in server_timing(r.headers.get("Server-Timing", "")):
+                        steps.setdefault(name, []).append(ms)
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
     with Stopwatch() as phase:
@@ -105,6 +118,7 @@ def run_phase(url: str, bodies: list[bytes], clients: int) -> dict:
             "faces_per_generator_call": round(faces / calls, 3) if calls else None,
             "latency_s": {"p50": round(float(q[0]), 4), "p95": round(float(q[1]), 4), "p99": round(float(q[2]), 4),
                           "mean": round(statistics.mean(latencies), 4)},
+            "server_timing_mean_ms": {k: round(statistics.mean(v), 1) for k, v in steps.items()},
             "latencies": [round(x, 4) for x in latencies]}
 
 
@@ -131,15 +145,20 @@ def start_server(args: argparse.Namespace, spool: Path) -> tuple[subprocess.Pope
            "--max-wait-ms", str(args.max_wait_ms), "--max-queue-faces", str(max(256, 4 * args.clients))]
     if args.batch_size:
         cmd += ["--batch-size", str(args.batch_size)]
+    if args.generator_calls:
+        cmd += ["--generator-calls", str(args.generator_calls)]
     if args.preset:
         cmd += ["--preset", args.preset]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    log = spool.parent / f"{spool.name}-server.log"            # the server's own output, shown if it fails
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"gpen-tune serve exited with {proc.returncode}: {' '.join(cmd)}")
+            tail = log.read_text(errors="replace")[-2000:]
+            raise SystemExit(f"gpen-tune serve exited with {proc.returncode}: {' '.join(cmd)}\n{tail}")
         try:
             if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
                 return proc, url
@@ -159,6 +178,8 @@ def main() -> None:
     ap.add_argument("--preset", default=None)
     ap.add_argument("--batch-size", type=int, default=None)
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
+    ap.add_argument("--generator-calls", type=int, default=None, help="the server's --generator-calls (default: "
+                    "its own)")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--requests", type=int, default=32, help="requests of the K-client phase")
     ap.add_argument("--sequential-requests", type=int, default=None, help="of each one-at-a-time phase "
@@ -166,13 +187,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="K-client phases, each followed by a one-at-a-time "
                     "phase (the run starts with one)")
     ap.add_argument("--warmup", type=int, default=4, help="requests sent first, not counted")
+    ap.add_argument("--py-spy", dest="profile", type=Path, default=None,
+                    help="attach py-spy to the ready server (every thread, non-blocking) and write its samples "
+                    "here (folded stacks)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     args = ap.parse_args()
     seq_n = args.sequential_requests or args.requests
     bodies = photos(max(args.requests, seq_n))
     spool = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpen-serve-load-{os.getpid()}"
     proc, url = start_server(args, spool)
+    spy = None                                    # py-spy attached to the ready server; it writes when the server ends
+    if args.profile is not None:
+        spy = subprocess.Popen([py_spy(), "record", "--pid", str(proc.pid), "--threads", "--nonblocking", "-f", "raw",
+                                "-r", "100", "-o", str(args.profile)])
+    phases: dict[str, dict] = {}
     try:
+        workers = int(metric(url, "gpen_serve_generator_workers"))
         run_phase(url, bodies[: args.warmup], min(args.clients, args.warmup))
         phases = {"one_at_a_time_0": run_phase(url, bodies[:seq_n], 1)}
         for r in range(1, args.rounds + 1):
@@ -181,10 +211,17 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=600)
+        if spy is not None:
+            spy.wait(timeout=120)
+        log = spool.parent / f"{spool.name}-server.log"
+        if not phases or any(p["errors"] for p in phases.values()):
+            print(f"server output (tail):\n{log.read_text(errors='replace')[-4000:]}", file=sys.stderr)
+        log.unlink(missing_ok=True)
     kinds = {kind: _pooled([p for name, p in phases.items() if name.startswith(kind)])
              for kind in ("one_at_a_time", "concurrent")}
-    result = {"benchmark": "serve_load", "args": vars(args) | {"out": str(args.out)}, "phases": phases,
-              "pooled": kinds,
+    given = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    result = {"benchmark": "serve_load", "args": given, "phases": phases, "pooled": kinds,
+              "server_generator_calls": workers,
               "throughput_ratio": round(kinds["concurrent"]["requests_per_s"]
                                         / kinds["one_at_a_time"]["requests_per_s"], 3),
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
@@ -195,6 +232,8 @@ def main() -> None:
               f"faces/s  p50 {p['latency_s']['p50'] * 1000:7.0f} ms  p95 {p['latency_s']['p95'] * 1000:7.0f} ms  "
               f"p99 {p['latency_s']['p99'] * 1000:7.0f} ms  faces/call {p['faces_per_generator_call']}  "
               f"errors {p['errors']}")
+    for name, p in phases.items():
+        print(f"{name:20s} Server-Timing mean ms: {p['server_timing_mean_ms']}")
     print(f"K-client throughput / one at a time: {result['throughput_ratio']:.2f}x  -> {path}")
 
 

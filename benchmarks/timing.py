@@ -90,3 +90,13 @@ def queued_calls(fn: Callable[[], object], device: torch.device, repeats: int) -
         end.record()
     torch.cuda.synchronize(device)
     return [start.elapsed_time(end) for start, end in events]
+
+
+def py_spy() -> str:
+    """The py-spy executable: beside this Python (a virtual environment's bin/) or on PATH."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.is_file() else (shutil.which("py-spy") or "py-spy")

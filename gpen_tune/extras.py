@@ -8,8 +8,11 @@ A new optional backend adds one row to `OPTIONAL_PARTS` and calls `require` wher
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 
 @dataclass(frozen=True)
@@ -21,12 +24,17 @@ class OptionalPart:
     heavy: bool = False  # importing it is slow (doctor imports it only with --imports)
 
 
+ONNX_INSTALL = "pip install 'gpen-tune[onnx]' (or sh scripts/setup.sh --dev)"
+ONNX_PARTS = ("onnx", "onnxscript", "onnxruntime")      # the onnx extra: export and --backend onnxruntime
+
 OPTIONAL_PARTS: dict[str, OptionalPart] = {p.module: p for p in (
     OptionalPart("spandrel", "spandrel", "pip install 'gpen-tune[upscale]'", "--bg-upsampler"),
     OptionalPart("ray", "Ray", "pip install 'gpen-tune[ray]'", "--ray", heavy=True),
     OptionalPart("av", "PyAV", "pip install 'av>=18.1,<19' (a gpen-tune dependency: reinstall gpen-tune)",
                  "a video input"),
-    OptionalPart("onnxruntime", "ONNX Runtime", "pip install 'gpen-tune[onnx]'", "--backend onnxruntime"),
+    OptionalPart("onnxruntime", "ONNX Runtime", ONNX_INSTALL, "--backend onnxruntime"),
+    OptionalPart("onnx", "onnx", ONNX_INSTALL, "gpen-tune export"),
+    OptionalPart("onnxscript", "onnxscript", ONNX_INSTALL, "gpen-tune export"),
     OptionalPart("tensorrt", "TensorRT", "pip install tensorrt (NVIDIA's wheels; a CUDA GPU)", "a TensorRT engine",
                  heavy=True),
     OptionalPart("fastapi", "the serve extra", "pip install 'gpen-tune[serve]'", "gpen-tune serve"),
@@ -54,3 +62,18 @@ def require(module: str) -> None:
     """MissingPart (one line naming what to install) unless the optional part `module` is installed."""
     if not installed(module):
         raise MissingPart(missing_message(module))
+
+
+def missing(modules: Sequence[str]) -> list[str]:
+    """The import names among `modules` that are not installed (nothing is imported)."""
+    return [m for m in modules if not installed(m)]
+
+
+def import_part(module: str, what: str | None = None) -> ModuleType:
+    """The imported optional part, or MissingPart saying what needs it (`what`, default its flag) and how to
+    install it: for the parts that are imported where they are used rather than checked up front."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        part = OPTIONAL_PARTS[module.split(".")[0]]
+        raise MissingPart(f"{what or part.needed_for} needs {part.label}: {part.install}") from None

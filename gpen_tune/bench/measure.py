@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -79,15 +78,3 @@ def peaks(device: torch.device) -> dict[str, float | None]:
         return {"peak_allocated_mib": None, "peak_reserved_mib": None}
     return {"peak_allocated_mib": torch.cuda.max_memory_allocated(device) / MiB,
             "peak_reserved_mib": torch.cuda.max_memory_reserved(device) / MiB}
-
-
-def psnr(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """PSNR in dB of images in [-1,1] (clamped as they would be saved), peak = 1 after mapping to [0,1]."""
-    a = (out.float().clamp(-1, 1) + 1) / 2
-    b = (ref.float().clamp(-1, 1) + 1) / 2
-    mse = float(((a - b) ** 2).mean())
-    return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
-
-
-def max_abs(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((out.float() - ref.float()).abs().max())

@@ -30,7 +30,7 @@ from gpen_tune.face.parse import (
     mask_area_iou,
     timing_parse_weights,
 )
-from gpen_tune.restore.convert import to_uint8_nhwc
+from gpen_tune.model.io import to_uint8_nhwc
 
 
 def parse_gflop_per_face() -> float:

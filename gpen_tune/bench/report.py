@@ -88,8 +88,8 @@ def _parse(result: dict) -> dict | None:
 
 
 def markdown_table(result: dict) -> str:
-    """The README table: one line per row; skipped rows say why. With the parse mask measured: generator + parse
-    mask columns, and the parser's own table below."""
+    """The docs' switch table (docs/optimizations.md): one line per row; skipped rows say why. With the parse
+    mask measured: generator + parse mask columns, and the parser's own table below."""
     meta, parse = result["meta"], _parse(result)
     header = ["row", "ms/face bs1", "faces/s (best bs)"]
     if parse:

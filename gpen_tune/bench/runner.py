@@ -33,11 +33,12 @@ import torch
 
 from gpen_tune.bench import detector_memory
 from gpen_tune.bench.inputs import load_faces
-from gpen_tune.bench.measure import MiB, max_abs, peaks, psnr, reset_memory, reset_peak, summary, time_calls, timed_once
+from gpen_tune.bench.measure import MiB, peaks, reset_memory, reset_peak, summary, time_calls, timed_once
 from gpen_tune.bench.parse_cost import add_parse_mask, measure_parser
 from gpen_tune.bench.rows import Row, select_rows
 from gpen_tune.load import load_model
 from gpen_tune.model.configs import MODELS, GPENConfig
+from gpen_tune.model.io import max_abs, psnr
 from gpen_tune.restore.restorer import build_restorer
 from gpen_tune.tune import amp
 from gpen_tune.tune.apply import SWITCH_MODULES

@@ -29,14 +29,15 @@ def fail(msg: str, code: int = 1) -> typer.Exit:
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """The library's exceptions that mean "the input or a setting is wrong" (each says what and how to fix)."""
+    from gpen_tune.extras import MissingPart
     from gpen_tune.face.detect import DetectorError  # heavy: torch (fast --help)
     from gpen_tune.imageio import ImageReadError  # heavy: torch (fast --help)
     from gpen_tune.pipeline.outputs import OutputError  # heavy: torch (fast --help)
     from gpen_tune.weights.cache import WeightsNotFoundError  # heavy: torch (fast --help)
     from gpen_tune.weights.checkpoint import CheckpointError  # heavy: torch (fast --help)
 
-    return (OutputError, ImageReadError, DetectorError, CheckpointError, WeightsNotFoundError, ValueError, KeyError,
-            OSError, RuntimeError)
+    return (OutputError, ImageReadError, DetectorError, CheckpointError, WeightsNotFoundError, MissingPart,
+            ValueError, KeyError, OSError, RuntimeError)
 
 
 def one_line(exc: BaseException) -> str:

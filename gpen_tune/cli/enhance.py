@@ -239,7 +239,7 @@ def _settings_and_tune(names: list[str], *, recursive: bool, preset: str, switch
         settings.device = dev if device == "auto" else device
         settings.det_size = detection_size(fields["det_size"], tune.face_crop)
         check_detector_process(settings.detector_process, tune.lazy_detector)
-    except (*user_errors(), MissingPart) as e:
+    except user_errors() as e:
         raise failure(e) from None
     return settings, tune, origin
 

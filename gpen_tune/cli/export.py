@@ -11,7 +11,7 @@ import typer
 
 from gpen_tune.cli import app
 from gpen_tune.cli._console import fail, failure, out, user_errors
-from gpen_tune.export.extras import INSTALL, missing_packages
+from gpen_tune.extras import ONNX_INSTALL, ONNX_PARTS, missing
 
 EXAMPLES = """
 Examples:\n
@@ -46,9 +46,9 @@ def export(
 ) -> None:
     """Export the generator to ONNX (RGB, NCHW, float32 in [-1, 1] in and out), checked with ONNX Runtime on real
     faces against PyTorch; the figures and the weights' sha256 go into the file's metadata."""
-    missing = missing_packages()
-    if missing:
-        raise fail(f"export needs {', '.join(missing)}, part of the onnx extra: {INSTALL}")
+    absent = missing(ONNX_PARTS)
+    if absent:
+        raise fail(f"export needs {', '.join(absent)}, part of the onnx extra: {ONNX_INSTALL}")
     if batch != "dynamic" and not (batch.isdigit() and int(batch) > 0):
         raise fail(f"--batch {batch}: give a positive number or 'dynamic'")
     if output.exists() and not overwrite:

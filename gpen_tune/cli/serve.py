@@ -45,6 +45,10 @@ def serve(
                                               help="ParseNet weights file.")] = None,
     batch_size: Annotated[int | None, _opt("--batch-size", panel=MODEL_PANEL, metavar="N", show_default=False,
                                            help="Most faces per generator call (default: as enhance).")] = None,
+    generator_calls: Annotated[int | None, _opt("--generator-calls", panel=MODEL_PANEL, metavar="N",
+                                                show_default=False,
+                                                help="Generator calls at once (default: 2 on a 2-core CPU, one per "
+                                                "share of the cores; 1 on a GPU).")] = None,
     preset: PresetOpt = None,
     spool: Annotated[Path, _opt("--spool", panel=LIMIT_PANEL, help="Folder of jobs and uploads in progress.")]
     = Path("gpen-serve-spool"),
@@ -93,8 +97,10 @@ def serve(
                                    parse_mask=parse_mask, parse_weights=parse_weights, batch_size=batch_size)
         limits = ServeLimits(max_upload_bytes=int(max_upload_mb * 2**20), max_pixels=int(max_megapixels * 1e6),
                              max_queue_faces=max_queue_faces, request_timeout_s=timeout, max_wait_ms=max_wait_ms,
-                             spool_quota_bytes=int(spool_quota_mb * 2**20), job_expiry_s=job_expiry_h * 3600)
+                             generator_calls=generator_calls, spool_quota_bytes=int(spool_quota_mb * 2**20),
+                             job_expiry_s=job_expiry_h * 3600)
         steps = Steps.build(settings, tune, notice)          # a missing file fails here, before listening
+        steps.generator_calls(generator_calls)               # --generator-calls checked before listening
         application = create_app(spool=spool, limits=limits, token=token, notify=notice, steps=lambda: steps)
     except user_errors() as e:
         raise failure(e) from None

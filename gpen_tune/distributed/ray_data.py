@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpen_tune.distributed.ray_import import import_ray
+from gpen_tune.distributed.ray_import import check_address, import_ray
 from gpen_tune.face.detect import Detection, default_notify, init_detector
 from gpen_tune.model.configs import model_info
 from gpen_tune.pipeline.api import EnhanceResult, Pipeline
@@ -268,6 +268,7 @@ class RayPool:
     def _ray(self) -> Any:
         ray = import_ray()
         if not ray.is_initialized():
+            check_address(self.options.address)
             ray.init(address=self.options.address,
                      num_cpus=self.options.num_cpus if self.options.address is None else None,
                      include_dashboard=False, log_to_driver=False)
@@ -312,7 +313,7 @@ def ray_enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, s
     OUT may be a filesystem URL. `pool`: a `RayPool` to run on (default: one made here from `settings`, `tune`
     and `options`, closed at the end).
 
-    Raises RayMissing (one line) without Ray."""
+    Raises MissingPart (one line) without Ray."""
     import_ray()
     own = pool is None
     pool = pool or RayPool(settings, tune, options=options, notify=notify)

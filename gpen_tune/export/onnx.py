@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpen_tune.export.extras import require
+from gpen_tune.extras import import_part
 
 OPSET = 18
 INPUT_NAME, OUTPUT_NAME = "input", "output"
@@ -72,8 +72,8 @@ class ExportReport:
 def onnx_graph(model: torch.nn.Module, dtype: str = "fp32", batch: int | None = None) -> Any:
     """The generator as an onnx.ModelProto: input `input`, output `output`, the batch axis dynamic (None) or
     fixed. `model` is a fp32 FullGenerator in eval mode (not modified; fp16 works on a cast copy)."""
-    require("onnx", "ONNX export")
-    require("onnxscript", "ONNX export")
+    import_part("onnx", "ONNX export")
+    import_part("onnxscript", "ONNX export")
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype}: choose one of {', '.join(DTYPES)}")
     if batch is not None and batch < 1:
@@ -103,7 +103,7 @@ def onnx_graph(model: torch.nn.Module, dtype: str = "fp32", batch: int | None = 
 
 def ort_session(model: str | bytes | Path, threads: int | None = None, optimization: str = "all") -> Any:
     """An ONNX Runtime CPU session (`threads` intra-op threads, default: torch's thread count)."""
-    ort = require("onnxruntime", "The onnxruntime backend")
+    ort = import_part("onnxruntime", "The onnxruntime backend")
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads or torch.get_num_threads()
     opts.inter_op_num_threads = 1
@@ -122,14 +122,14 @@ def face_batch(size: int) -> torch.Tensor:
     """Real faces in the convention's input: the astronaut's and Grace Hopper's faces aligned by our aligner,
     [2,3,S,S] in [-1,1] (two faces keep the check of a GPEN-BFR-2048 file to minutes on a CPU)."""
     from gpen_tune.face.samples import aligned_face_crops
-    from gpen_tune.restore.convert import to_model_input
+    from gpen_tune.model.io import to_model_input
 
     return to_model_input(torch.from_numpy(aligned_face_crops(size, n=2)))
 
 
 def compare(session: Any, model: torch.nn.Module, faces: torch.Tensor, batch: int | None) -> tuple[float, float]:
     """(max-abs, PSNR dB) of the session's output against the PyTorch fp32 generator on `faces`."""
-    from gpen_tune.bench.measure import max_abs, psnr
+    from gpen_tune.model.io import max_abs, psnr
 
     step = batch or 1        # dynamic: one face per call, so a GPEN-BFR-2048 check holds one face's activations
     with torch.no_grad():
@@ -151,8 +151,8 @@ def export_onnx(model: str, weights: str | Path, out: str | Path, *, dtype: str 
     Written to a temporary file beside `out`, checked with ONNX Runtime against the PyTorch fp32 generator on real
     faces (fp32: max-abs <= FP32_MAX_ABS; fp16: PSNR >= HALF_MIN_PSNR_DB), the figures and the weights' sha256
     stored in the metadata, then renamed to `out`; a failed check raises ExportCheckFailed and keeps nothing."""
-    onnx = require("onnx", "ONNX export")
-    require("onnxruntime", "Checking the exported file")
+    onnx = import_part("onnx", "ONNX export")
+    import_part("onnxruntime", "Checking the exported file")
     from gpen_tune.load import SYNTHETIC, load_model
 
     t0 = time.perf_counter()
@@ -194,7 +194,7 @@ def _sha256(path: Path) -> str:
 
 def read_metadata(path: str | Path) -> dict[str, str]:
     """The `gpen_tune.*` metadata of an exported file (keys without the prefix)."""
-    onnx = require("onnx", "Reading an ONNX file")
+    onnx = import_part("onnx", "Reading an ONNX file")
     proto = onnx.load(str(path), load_external_data=False)
     return {p.key.removeprefix("gpen_tune."): p.value for p in proto.metadata_props if p.key.startswith("gpen_tune.")}
 

@@ -194,7 +194,9 @@ class FusedGenerator(nn.Module):
             out = _bmm_f32(wt.transpose(1, 2), buf.reshape(bsz, c2, h * w)).view(bsz, 3, h, w)
         out = out + rgb.bias
         if skip is not None:
-            out = out + F.conv_transpose2d(skip, rgb.up_weight, stride=2, padding=1, groups=3)
+            # NCHW: on the channels-last skip the GEMV path writes, cuDNN's first call per shape cost ~1 s of every
+            # process's first generator call (H100 profile; benchmarks/skip_upsample.py)
+            out = out + F.conv_transpose2d(skip.contiguous(), rgb.up_weight, stride=2, padding=1, groups=3)
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

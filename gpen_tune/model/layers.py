@@ -90,13 +90,24 @@ class Upsample(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------
 
 
+def standard_normal(*shape: int, divisor: float = 1.0) -> torch.Tensor:
+    """A weight's initial value, `torch.randn(*shape) / divisor`; on the meta device an empty tensor, since `randn`
+    and `div_` there run Python decompositions whose first use imports SymPy (0.3-1 s of every command's start-up:
+    `load_model` builds the module on meta, then assigns the file's tensors)."""
+    t = torch.empty(shape)
+    if t.is_meta:
+        return t
+    t.normal_()
+    return t.div_(divisor) if divisor != 1.0 else t
+
+
 class EqualConv2d(nn.Module):
     """Conv with the He constant applied at run time (equalised learning rate)."""
 
     def __init__(self, in_channel: int, out_channel: int, kernel_size: int, stride: int = 1, padding: int = 0,
                  bias: bool = True):
         super().__init__()
-        self.weight = nn.Parameter(torch.randn(out_channel, in_channel, kernel_size, kernel_size))
+        self.weight = nn.Parameter(standard_normal(out_channel, in_channel, kernel_size, kernel_size))
         self.scale = 1 / math.sqrt(in_channel * kernel_size**2)
         self.stride = stride
         self.padding = padding
@@ -117,7 +128,7 @@ class EqualLinear(nn.Module):
     def __init__(self, in_dim: int, out_dim: int, bias: bool = True, bias_init: float = 0.0, lr_mul: float = 1.0,
                  activation: str | None = None):
         super().__init__()
-        self.weight = nn.Parameter(torch.randn(out_dim, in_dim).div_(lr_mul))  # in place: see make_kernel
+        self.weight = nn.Parameter(standard_normal(out_dim, in_dim, divisor=lr_mul))
         self.bias = nn.Parameter(torch.full((out_dim,), float(bias_init))) if bias else None
         self.activation = activation
         self.scale = (1 / math.sqrt(in_dim)) * lr_mul
@@ -171,7 +182,7 @@ class ModulatedConv2d(nn.Module):
         self.scale = 1 / math.sqrt(in_channel * kernel_size**2)
         self.padding = kernel_size // 2
         # registration order (weight, blur, modulation) reproduces the official state-dict order
-        self.weight = nn.Parameter(torch.randn(1, out_channel, in_channel, kernel_size, kernel_size))
+        self.weight = nn.Parameter(standard_normal(1, out_channel, in_channel, kernel_size, kernel_size))
         if upsample:
             factor = 2
             p = (len(blur_kernel) - factor) - (kernel_size - 1)
@@ -273,7 +284,7 @@ class ConstantInput(nn.Module):
 
     def __init__(self, channel: int, size: int = 4):
         super().__init__()
-        self.input = nn.Parameter(torch.randn(1, channel, size, size))
+        self.input = nn.Parameter(standard_normal(1, channel, size, size))
 
     def forward(self, batch: int) -> torch.Tensor:
         return self.input.expand(batch, -1, -1, -1)

@@ -8,6 +8,7 @@ no interpreter): each kernel module then keeps its PyTorch path. `INTERPRET`: Tr
 from __future__ import annotations
 
 import os
+import threading
 
 import torch
 
@@ -41,4 +42,24 @@ def resolve_impl(impl: str, device: torch.device | str) -> str:
     return impl
 
 
-__all__ = ["IMPLS", "INTERPRET", "kernel_runs_on", "resolve_impl", "tl", "triton"]
+def hash_compiler_in_background(device: torch.device | str) -> None:
+    """Start Triton's one-per-process cache key (a sha256 over its compiler library, ~500 MB: 0.4-1.5 s, paid by
+    the first kernel launch otherwise) on a daemon thread, so that it overlaps the model's load: reading and
+    hashing release the GIL. Call where the device is known; nothing happens where no kernel runs."""
+    if not kernel_runs_on(device) or INTERPRET:
+        return
+    try:
+        from triton.runtime.cache import triton_key
+    except ImportError:                       # pragma: no cover - another Triton layout: the first launch hashes
+        return
+
+    def run() -> None:
+        try:
+            triton_key()                      # lru_cached: the first launch finds it done
+        except Exception:                     # noqa: BLE001 - the first launch computes it again and reports
+            pass
+
+    threading.Thread(target=run, name="gpen-triton-key", daemon=True).start()
+
+
+__all__ = ["IMPLS", "INTERPRET", "hash_compiler_in_background", "kernel_runs_on", "resolve_impl", "tl", "triton"]

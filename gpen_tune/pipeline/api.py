@@ -26,6 +26,7 @@ from gpen_tune.face.detect import BatchingDetector, default_notify, init_detecto
 from gpen_tune.face.parse import load_parser
 from gpen_tune.imageio import ImageReadError, Picture
 from gpen_tune.load import load_model
+from gpen_tune.ops.triton_support import hash_compiler_in_background
 from gpen_tune.pipeline.conflicts import check_detector_process
 from gpen_tune.pipeline.job import ImageJob, one_line_text
 from gpen_tune.pipeline.outputs import (
@@ -75,6 +76,7 @@ class Pipeline:
             device = (next(model.parameters()).device if model is not None
                       else resolve_device(self.settings.device, notify, model=self.settings.model))
             if model is None:
+                hash_compiler_in_background(device)     # the kernels' cache key, while the weights load
                 model = load_model(resolve_weights(self.settings, notify), model=self.settings.model, device=device)
             batch = self.settings.batch_size or default_batch_size(device, low_memory=self.tune.act_checkpoint)
             restorer = build_restorer(model, self.tune, device=device, max_batch=batch)

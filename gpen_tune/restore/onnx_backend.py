@@ -1,7 +1,7 @@
 """The onnxruntime restore backend: the generator exported to ONNX and run by ONNX Runtime's CPU provider,
 behind the same `Restorer` (batching, OOM split, non-finite guard) as the PyTorch generator.
 
-`build_onnx_restorer` exports the loaded model (PyTorch's exporter, `gpen_tune.export.onnx`) into the cache
+`onnx_forward` exports the loaded model (PyTorch's exporter, `gpen_tune.export.onnx`) into the cache
 folder, named by a hash of its weights' values, the dtype and the versions (a later run with the same weights
 opens the file without exporting: no tens of seconds of tracing, none of the exporter's memory), opens an ONNX
 Runtime session on it and hands the Restorer an `OnnxRuntimeForward` instead of the torch module. Switches
@@ -14,12 +14,12 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from gpen_tune.restore.restorer import Restorer
+from gpen_tune.extras import MissingPart
 from gpen_tune.tune.options import TuneConfig
 
 GRAPH_SWITCHES = ("act_checkpoint", "fused", "compile", "cuda_graph")
@@ -49,26 +49,35 @@ class OnnxRuntimeForward:
 
 def unsupported_reason(device: torch.device) -> str | None:
     """Why the onnxruntime backend cannot run on `device` here (None: it can)."""
-    from gpen_tune.export.extras import INSTALL, missing_packages
+    from gpen_tune.extras import ONNX_INSTALL, ONNX_PARTS, missing
 
     if device.type != "cpu":
         return (f"--backend onnxruntime runs on the CPU (ONNX Runtime's CUDA provider is not part of the onnx "
                 f"extra); got --device {device.type}: use --device cpu or --backend torch")
-    missing = missing_packages()
-    if missing:
-        return f"--backend onnxruntime needs {', '.join(missing)}, part of the onnx extra: {INSTALL}"
+    absent = missing(ONNX_PARTS)
+    if absent:
+        return f"--backend onnxruntime needs {', '.join(absent)}, part of the onnx extra: {ONNX_INSTALL}"
     return None
 
 
-def build_onnx_restorer(model: torch.nn.Module, cfg: TuneConfig, *, device: torch.device,
-                        max_batch: int | None = None, threads: int | None = None) -> Restorer:
-    """A Restorer whose forward is ONNX Runtime running `model` (a fp32 FullGenerator) exported in memory."""
-    from gpen_tune.export.extras import OnnxExtraMissing
+@dataclass
+class OnnxForward:
+    """What the Restorer needs from this backend: the forward, and what the switches became."""
+
+    forward: OnnxRuntimeForward
+    effective: TuneConfig
+    skipped: dict[str, str]
+    notes: list[str]
+
+
+def onnx_forward(model: torch.nn.Module, cfg: TuneConfig, *, device: torch.device,
+                 threads: int | None = None) -> OnnxForward:
+    """ONNX Runtime running `model` (a fp32 FullGenerator), its graph exported once into the cache."""
     from gpen_tune.export.onnx import onnx_graph, ort_session
 
     reason = unsupported_reason(device)
     if reason:
-        raise (ValueError if device.type != "cpu" else OnnxExtraMissing)(reason)
+        raise (ValueError if device.type != "cpu" else MissingPart)(reason)
     skipped = {name: "not applicable to the exported ONNX graph (onnxruntime backend)"
                for name in GRAPH_SWITCHES if getattr(cfg, name) not in (False, None)}
     dtype = "fp16" if cfg.amp == "fp16" else "fp32"
@@ -90,14 +99,10 @@ def build_onnx_restorer(model: torch.nn.Module, cfg: TuneConfig, *, device: torc
         session = ort_session(graph, threads=threads)
         del graph
     seconds = time.perf_counter() - t0
-    restorer = Restorer(OnnxRuntimeForward(session), device="cpu", dtype=torch.float32, size=model.size,
-                        max_batch=max_batch, model=model, cfg=cfg)
-    restorer.skipped = skipped
-    restorer.effective = replace(cfg, **{name: None if name == "compile" else False for name in GRAPH_SWITCHES},
-                                 amp="fp16" if dtype == "fp16" else "off")
-    restorer.notes = [f"onnxruntime backend: {how}, loaded in {seconds:.1f} s"]
-    restorer.fallbacks = [f"{name} skipped: {why}" for name, why in skipped.items()]
-    return restorer
+    effective = replace(cfg, **{name: None if name == "compile" else False for name in GRAPH_SWITCHES},
+                        amp="fp16" if dtype == "fp16" else "off")
+    return OnnxForward(OnnxRuntimeForward(session), effective, skipped,
+                       [f"onnxruntime backend: {how}, loaded in {seconds:.1f} s"])
 
 
 def cached_graph_path(model: torch.nn.Module, dtype: str) -> Path:

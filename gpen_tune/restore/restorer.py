@@ -28,9 +28,9 @@ import torch
 from torch import nn
 
 from gpen_tune.device_memory import cuda_total
+from gpen_tune.model.io import keep_input_where, stack_crops, to_model_input, to_uint8_nhwc
 from gpen_tune.restore import buckets
 from gpen_tune.restore.buckets import BUCKETS, bucket_floor
-from gpen_tune.restore.convert import keep_input_where, stack_crops, to_model_input, to_uint8_nhwc
 from gpen_tune.restore.staging import PendingBatch, PinnedStaging, StageTimes
 from gpen_tune.tune.amp import Fp32Reserve
 from gpen_tune.tune.apply import apply_switches
@@ -332,9 +332,14 @@ def build_restorer(model: nn.Module, cfg: TuneConfig | None = None, *, device: s
         device = torch.device("cuda", torch.cuda.current_device())
     model = model.to(device).eval().requires_grad_(False)
     if cfg.backend == "onnxruntime":                  # the same Restorer around ONNX Runtime instead of the module
-        from gpen_tune.restore.onnx_backend import build_onnx_restorer
+        from gpen_tune.restore.onnx_backend import onnx_forward
 
-        return build_onnx_restorer(model, cfg, device=device, max_batch=max_batch)
+        ort = onnx_forward(model, cfg, device=device)
+        restorer = Restorer(ort.forward, device="cpu", dtype=torch.float32, size=model.size, max_batch=max_batch,
+                            model=model, cfg=cfg)
+        restorer.skipped, restorer.effective, restorer.notes = ort.skipped, ort.effective, ort.notes
+        restorer.fallbacks = [f"{name} skipped: {why}" for name, why in ort.skipped.items()]
+        return restorer
     if device.type == "cuda":
         bound_cudnn_workspace(device)
     done = apply_switches(model, cfg, device, BUCKETS, compile_backend=compile_backend)

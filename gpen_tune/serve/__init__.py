@@ -4,9 +4,10 @@
     app = create_app(gpen_tune.EnhanceSettings(weights="GPEN-BFR-512"), spool="/var/spool/gpen")
 
 Modules, one job each: `steps` (the only caller of the pipeline: prepare / restore / finish), `batcher` (one queue
-of faces from every request, one generator thread), `service` (uploads and jobs through them), `spool` (the jobs'
-folder), `limits` (bounds, header check, auth), `metrics` (Prometheus), `app` (the routes), `runner` (uvicorn
-with the CLI's rules), `static/` (the web page). Needs the `serve` extra: pip install 'gpen-tune[serve]'.
+of faces from every request, its generator threads: one on a GPU, one per share of the cores on the CPU),
+`service` (uploads and jobs through them), `spool` (the jobs' folder), `limits` (bounds, header check, auth),
+`metrics` (Prometheus), `app` (the routes), `runner` (uvicorn with the CLI's rules), `static/` (the web page).
+Needs the `serve` extra: pip install 'gpen-tune[serve]'.
 """
 
 from __future__ import annotations

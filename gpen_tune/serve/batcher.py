@@ -1,10 +1,13 @@
-"""`FaceBatcher`: one queue of faces from every request, one thread that restores them in shared generator calls.
+"""`FaceBatcher`: one queue of faces from every request, and `workers` threads (one on a GPU) that restore them in
+shared generator calls.
 
-A request's faces are queued together (`submit` gives a `Ticket`, done when its last face is restored). The
+A request's faces are queued together (`submit` gives a `Ticket`, done when its last face is restored). A
 worker waits at most `max_wait_s` after the oldest queued face for more to arrive, or until a full batch is
 there, then takes as many as the restorer's bucket policy says (`Steps.take`) and makes one `Steps.restore` call
-for them, whichever requests they come from. A ticket that is cancelled (client gone, timeout) has its queued
-faces dropped; the queue holds at most `max_queue` faces (`QueueFull` beyond: the HTTP layer answers 503).
+for them, whichever requests they come from. With several workers (the CPU: `Steps.generator_calls`) that many
+generator calls run at once, each on its own share of the cores. A ticket that is cancelled (client gone,
+timeout) has its queued faces dropped; the queue holds at most `max_queue` faces (`QueueFull` beyond: the HTTP
+layer answers 503).
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ class BatchStats:
 
 class FaceBatcher:
     def __init__(self, steps: Steps, max_wait_s: float = 0.005, max_queue: int = 256,
-                 on_batch: Callable[[int, float], None] | None = None):
+                 on_batch: Callable[[int, float], None] | None = None, workers: int = 1):
+        if workers < 1:
+            raise ValueError(f"the batcher needs at least one worker, got {workers}")
         self.steps = steps
         self.max_wait_s = max_wait_s
         self.max_queue = max_queue
@@ -54,8 +59,15 @@ class FaceBatcher:
         self._queue: deque[tuple[Ticket, int, float]] = deque()   # (ticket, face index, arrival time)
         self._cond = threading.Condition()
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="gpen-serve-batcher", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, name=f"gpen-serve-batcher-{i}", daemon=True)
+                         for i in range(workers)]
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def workers(self) -> int:
+        """Generator calls that may run at once."""
+        return len(self._threads)
 
     def submit(self, prepared: Prepared) -> Ticket:
         """Queue every face of one image; a ticket without faces is done at once."""
@@ -88,11 +100,12 @@ class FaceBatcher:
             ticket.future.cancel()
 
     def close(self) -> None:
-        """Restore what is queued, then stop the worker."""
+        """Restore what is queued, then stop the workers."""
         with self._cond:
             self._stopping = True
-            self._cond.notify()
-        self._thread.join()
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join()
 
     # -- the worker ----------------------------------------------------------------------------------------------
     def _next_batch(self) -> list[tuple[Ticket, int]] | None:
@@ -133,14 +146,18 @@ class FaceBatcher:
                 _settle(ticket.future, exc)
             return
         seconds = time.perf_counter() - t0
-        self.stats.calls += 1
-        self.stats.faces += len(batch)
         if self.on_batch is not None:
             self.on_batch(len(batch), seconds)
-        for ticket, _ in batch:
-            ticket.remaining -= 1
-            if ticket.remaining == 0:
-                _settle(ticket.future, None)
+        with self._cond:                          # another worker may restore other faces of the same tickets
+            self.stats.calls += 1
+            self.stats.faces += len(batch)
+            done = []
+            for ticket, _ in batch:
+                ticket.remaining -= 1
+                if ticket.remaining == 0:
+                    done.append(ticket)
+        for ticket in done:
+            _settle(ticket.future, None)
 
 
 def _settle(future: Future, error: BaseException | None) -> None:

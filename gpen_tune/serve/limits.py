@@ -25,6 +25,7 @@ class ServeLimits:
     max_queue_faces: int = 256              # 503 (Retry-After) when more faces wait for the generator
     request_timeout_s: float = 120.0        # 504 when a request takes longer
     max_wait_ms: float = 5.0                # how long the oldest queued face waits for others to share its batch
+    generator_calls: int | None = None      # generator calls at once (None: Steps.generator_calls' default)
     spool_quota_bytes: int = 2 * 2**30      # 507 for a new job above it
     job_expiry_s: float = 24 * 3600.0       # finished jobs (and their files) are removed after this
 

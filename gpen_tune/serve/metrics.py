@@ -11,7 +11,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
 class ServeMetrics:
-    def __init__(self, queue_depth: Callable[[], int], gpu_memory: Callable[[], int]):
+    def __init__(self, queue_depth: Callable[[], int], gpu_memory: Callable[[], int],
+                 generator_workers: Callable[[], int] = lambda: 0):
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("gpen_serve_requests", "HTTP requests by endpoint and status", ["endpoint", "status"],
@@ -30,6 +31,9 @@ class ServeMetrics:
         memory = Gauge("gpen_serve_gpu_memory_bytes", "GPU memory allocated by this process (0 on the CPU)",
                        registry=r)
         memory.set_function(gpu_memory)
+        workers = Gauge("gpen_serve_generator_workers", "Generator calls that may run at once (0 while loading)",
+                        registry=r)
+        workers.set_function(generator_workers)
 
     def on_batch(self, faces: int, seconds: float) -> None:
         self.generator_calls.inc()

@@ -54,7 +54,7 @@ class Service:
         self.work_dir = Path(spool_dir) / "requests"          # uploads of live requests, removed after each
         self.steps: Steps | None = None
         self.batcher: FaceBatcher | None = None
-        self.metrics = ServeMetrics(self._queue_depth, self._gpu_memory)
+        self.metrics = ServeMetrics(self._queue_depth, self._gpu_memory, self._generator_workers)
         self.ready = threading.Event()
         self.failed: str | None = None
         self._jobs: queue.Queue[str | None] = queue.Queue()
@@ -81,10 +81,11 @@ class Service:
                 import torch  # heavy: torch, loaded by the build already
 
                 torch.set_num_threads(steps.cpu_threads())    # detection and the generator run at once
+            workers = steps.generator_calls(self.limits.generator_calls)
             steps.warm_up()
             self.steps = steps
             self.batcher = FaceBatcher(steps, self.limits.max_wait_ms / 1000.0, self.limits.max_queue_faces,
-                                       on_batch=self.metrics.on_batch)
+                                       on_batch=self.metrics.on_batch, workers=workers)
             self.spool.expire()
             for record in self.spool.recover():
                 self._jobs.put(record.id)
@@ -292,6 +293,9 @@ class Service:
     # -- metrics -----------------------------------------------------------------------------------------------
     def _queue_depth(self) -> int:
         return 0 if self.batcher is None else self.batcher.stats.queued
+
+    def _generator_workers(self) -> int:
+        return 0 if self.batcher is None else self.batcher.workers
 
     def _gpu_memory(self) -> int:
         if self.steps is None or self.steps.device.type != "cuda":

@@ -13,6 +13,7 @@ these calls.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ from gpen_tune.pipeline.settings import EnhanceSettings
 from gpen_tune.pipeline.sinks import FileSink
 from gpen_tune.pipeline.steps import Steps as PipelineSteps
 from gpen_tune.pipeline.threads import SWITCH_INTERVAL_S
+from gpen_tune.tune.hardware import usable_cores
 
 VIDEO_EXTS = VIDEO_OUTPUTS              # what a video job may be written as
 STAGES_KEPT = 16         # option combinations whose PipelineSteps are kept (strength is a float: bound the cache)
@@ -58,6 +60,7 @@ class Prepared:
     stages: PipelineSteps
     crops: list[Any]
     restored: list[np.ndarray | None] = field(default_factory=list)
+    restored_device: list[Any] = field(default_factory=list)       # the GPU rows, for an image pasted there
 
     @property
     def faces(self) -> int:
@@ -72,13 +75,16 @@ FaceRef = tuple[Prepared, int]           # one face of one request: (its image, 
 
 
 class SharedRestorer:
-    """The one restorer for the batcher and a video job's scheduler at once: each batch is submitted and collected
-    under a lock, so neither caller has a batch pending (in the restorer's staging buffers) while the other
-    submits. Everything else is the restorer's."""
+    """The one restorer for the batcher's workers and a video job's scheduler at once. On a GPU each batch is
+    submitted and collected under a lock, so no caller has a batch pending (in the restorer's staging buffers)
+    while another submits. On the CPU the restorer runs each batch inline in the caller's thread with nothing
+    shared between calls but the weights, so calls overlap (`Steps.generator_calls`). Everything else is the
+    restorer's."""
 
     def __init__(self, restorer: Any):
         self._restorer = restorer
-        self._lock = threading.Lock()
+        cpu = restorer.device.type == "cpu"
+        self._lock: Any = contextlib.nullcontext() if cpu else threading.Lock()
 
     def submit(self, crops: Sequence[Any], download: bool = True) -> Any:
         with self._lock:
@@ -132,6 +138,27 @@ class Steps:
         """torch's threads on the CPU while detection and the generator run at once (as the threaded runs)."""
         return SchedulerConfig().cpu_threads()
 
+    def generator_calls(self, asked: int | None = None) -> int:
+        """How many generator calls run at once (the batcher's workers); `asked` None: the default.
+
+        On the CPU as many as the cores hold at `cpu_threads` each (2 on 2 cores): a request's generator call is
+        ~3x its detection there (GPEN-BFR-256 fp32, one torch thread each: ~240 vs ~85 ms), so with one call at a
+        time concurrent requests queue at the generator while detection leaves the other core mostly idle; a
+        second call fills it (4 clients on 2 cores: 1.27x and 0.96x one at a time with one call, 1.76x and 1.76x
+        with two, runs interleaved; benchmarks/RESULTS.md, "Service"). A lone request still runs one call on one
+        share. On a GPU one: the restorer stages one batch at a time on one stream (larger batches are the GPU's
+        concurrency)."""
+        if self.device.type != "cpu":
+            if asked is not None and asked > 1:
+                raise ValueError(f"--generator-calls {asked}: more than one generator call at once runs only on the "
+                                 f"CPU, not on {self.device} (there raise --batch-size instead)")
+            return 1
+        if asked is not None:
+            if asked < 1:
+                raise ValueError(f"--generator-calls {asked}: give at least 1")
+            return asked
+        return max(1, usable_cores() // self.cpu_threads())
+
     def warm_up(self) -> None:
         """One generator call on a grey crop, so the first request does not pay for lazy initialisation."""
         size = self.pipeline.size
@@ -148,7 +175,7 @@ class Steps:
         if job.status == "error":
             raise ImageReadError(job.error or f"{name}: cannot be read")
         crops = [f.crop for f in job.faces] if job.waiting else []
-        return Prepared(job, stages, crops, [None] * len(crops))
+        return Prepared(job, stages, crops, [None] * len(crops), [None] * len(crops))
 
     def restore(self, faces: Sequence[FaceRef]) -> None:
         """One generator call for `faces` (at most `limit`), their parse masks behind it; results on each Prepared."""
@@ -162,15 +189,18 @@ class Steps:
         for idx, stages in self._parse_groups(faces):
             rows = _rows(batch, idx)
             stages.keep_masks([(faces[i][0].job, faces[i][1]) for i in idx], rows)
-        for (p, k), restored in zip(faces, out, strict=True):
+        for i, ((p, k), restored) in enumerate(zip(faces, out, strict=True)):
             p.restored[k] = restored
+            if p.job.on_device:                                   # pasted on the GPU: its row stays there
+                p.restored_device[k] = batch[i]
 
     def finish(self, prepared: Prepared, folder: Path, ext: str | None) -> Path:
         """Paste the restored faces back and write the image into `folder` (atomically, as `enhance` does)."""
         self._on_device()
         job = prepared.job
-        for face, restored in zip(job.faces, prepared.restored, strict=False):   # none when strength is 0
-            face.restored = restored
+        for face, restored, on_gpu in zip(job.faces, prepared.restored, prepared.restored_device,
+                                          strict=False):          # none when strength is 0
+            face.restored, face.restored_device = restored, on_gpu
         prepared.stages.paste(job)
         sink = FileSink(OutputNaming(folder, ext=ext))
         path = sink.write(job)

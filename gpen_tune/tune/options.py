@@ -22,7 +22,7 @@ BACKENDS: tuple[str, ...] = ("torch", "onnxruntime")
 
 def _switch(default, *, flag: str, short: str, help: str, tolerance: str, requires: str = "any device"):
     """A switch: `short` is its one-sentence CLI help; `help`, `tolerance` and `requires` are the full story
-    (README table, bench reports)."""
+    (docs/optimizations.md table, bench reports)."""
     return field(default=default, metadata={"flag": flag, "short": short, "help": help, "tolerance": tolerance,
                                             "requires": requires})
 

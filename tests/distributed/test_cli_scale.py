@@ -82,6 +82,26 @@ def test_ray_flag_without_ray_says_how_to_install_it_in_one_line(tmp_path: Path)
     assert lines == ["error: --ray needs Ray: pip install 'gpen-tune[ray]'"]
 
 
+def test_ray_address_where_nothing_answers_is_one_line_not_a_hang(folder_and_plain, tmp_path: Path) -> None:
+    """A cluster address with nothing listening (a port just closed on this host): one line naming the address
+    and the fix, exit 1, the output folder not left behind (Ray's own connect would retry for minutes)."""
+    pytest.importorskip("ray.data")
+    import socket
+
+    with socket.socket() as s:                            # a free port, closed again: nothing answers there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    folder, _ = folder_and_plain
+    proc = subprocess.run([sys.executable, "-m", "gpen_tune", "enhance", str(folder), *common(tmp_path / "out"),
+                           "--ray-address", f"127.0.0.1:{port}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert lines[-1].startswith(f"error: --ray-address 127.0.0.1:{port}: nothing answers"), lines
+    assert "ray start --head" in lines[-1] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_ray_flag_writes_what_the_plain_command_writes(folder_and_plain, tmp_path: Path) -> None:
     pytest.importorskip("ray.data")

@@ -14,7 +14,6 @@ from model_configs import SMALLEST
 from PIL import Image
 from typer.testing import CliRunner
 
-from gpen_tune.bench.measure import max_abs, psnr
 from gpen_tune.cli import app
 from gpen_tune.export.onnx import (
     FP32_MAX_ABS,
@@ -28,6 +27,7 @@ from gpen_tune.export.onnx import (
 )
 from gpen_tune.face import samples
 from gpen_tune.load import load_model
+from gpen_tune.model.io import max_abs, psnr
 from gpen_tune.weights.integrity import sha256_of
 
 onnx = pytest.importorskip("onnx")

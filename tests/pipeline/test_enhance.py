@@ -12,10 +12,10 @@ from PIL import Image
 import gpen_tune
 from gpen_tune.face import samples
 from gpen_tune.model.configs import GPENConfig
+from gpen_tune.model.io import to_uint8_nhwc
 from gpen_tune.pipeline import EnhanceSettings, FileSink, FileSource, OutputNaming, Pipeline
 from gpen_tune.pipeline.settings import resolve_device
 from gpen_tune.restore import as_restorer
-from gpen_tune.restore.convert import to_uint8_nhwc
 from gpen_tune.tune import TuneConfig
 
 MODEL = "GPEN-BFR-256"

@@ -83,7 +83,7 @@ def test_cuda_deferred_nan_guard_recovers_the_batch_in_fp32():
     comes back as the fp32 model's crops, a healthy batch in flight next to it is untouched."""
     import copy
 
-    from gpen_tune.restore.convert import to_model_input, to_uint8_nhwc
+    from gpen_tune.model.io import to_model_input, to_uint8_nhwc
     from gpen_tune.tune import TuneConfig
 
     cuda_model = load_model("synthetic", model=GPENConfig(64, narrow=0.25), device="cuda")

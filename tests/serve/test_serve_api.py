@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import torch
 import typer
 from conftest_weights import checkpoint_file
 from model_configs import SMALLEST
@@ -66,6 +67,15 @@ def batching_server(weights, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def parallel_server(weights, tmp_path_factory):
+    """Batch 1 with two generator calls at once (the CPU default on 2 cores; asked for here on any core count)."""
+    settings = EnhanceSettings(model=MODEL, weights=str(weights), detector="mtcnn", device="cpu", batch_size=1)
+    with server_thread(settings=settings, spool=tmp_path_factory.mktemp("parallel"),
+                       limits=ServeLimits(generator_calls=2)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
 def small_model():
     return load_model("synthetic", model=SMALLEST, device="cpu")
 
@@ -108,6 +118,22 @@ def test_concurrent_requests_share_generator_calls_and_give_enhance_pixels(batch
         assert ours.shape == theirs.shape
         assert np.abs(ours - theirs).max() <= TOLERANCE, path.name
         assert np.abs(ours - decoded(path.read_bytes())).max() > 10   # the face was restored, not passed through
+
+
+def test_two_generator_calls_at_once_give_enhance_pixels(parallel_server, photos, enhanced):
+    """Two batcher workers, each restoring one face per call in its own thread, while 8 requests come at once."""
+    url = parallel_server
+    assert metric(url, "gpen_serve_generator_workers") == 2
+    calls, faces = metric(url, "gpen_serve_generator_calls_total"), metric(url, "gpen_serve_faces_total")
+    with ThreadPoolExecutor(2 * len(photos)) as pool:
+        responses = list(pool.map(lambda p: post(url, p, ext="png"), photos + photos))
+    assert metric(url, "gpen_serve_faces_total") - faces == 2 * len(photos)
+    assert metric(url, "gpen_serve_generator_calls_total") - calls == 2 * len(photos)     # batch 1
+    for path, r in zip(photos + photos, responses, strict=True):
+        assert r.status_code == 200, r.text
+        ours, theirs = decoded(r.content), decoded(enhanced[path.name])
+        assert ours.shape == theirs.shape
+        assert np.abs(ours - theirs).max() <= TOLERANCE, path.name
 
 
 def test_job_runs_through_the_spool_and_answers_in_the_input_format(batching_server, photos, enhanced):
@@ -355,3 +381,27 @@ def test_the_app_mounts_in_a_users_own_server(small_model, photos, tmp_path):
     finally:
         server.should_exit = True
         thread.join(timeout=60)
+
+
+@pytest.mark.gpu
+def test_concurrent_requests_on_cuda_are_pasted_on_the_device_with_enhance_pixels(weights, photos, tmp_path,
+                                                                                   no_tf32):
+    """On CUDA the faces are pasted on the GPU (the restored rows stay there): concurrent requests sharing
+    generator calls give `enhance --device cuda`'s pixels (full fp32 convs: with TF32 other batch sizes pick other
+    algorithms, as in tests/pipeline/test_threads.py's CUDA test)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    out = tmp_path / "enhanced"
+    res = CliRunner().invoke(cli_app, ["enhance", *[str(p) for p in photos], "-o", str(out), "--weights",
+                                       str(weights), "--model", MODEL, "--detector", "mtcnn", "--device", "cuda",
+                                       "--ext", "png", "--suffix", "_x", "--preset", "none"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    settings = EnhanceSettings(model=MODEL, weights=str(weights), detector="mtcnn", device="cuda", batch_size=4)
+    with server_thread(settings=settings, spool=tmp_path / "spool", limits=ServeLimits(max_wait_ms=2_000)) as url:
+        with ThreadPoolExecutor(2 * len(photos)) as pool:
+            responses = list(pool.map(lambda p: post(url, p, ext="png"), photos + photos))
+    for path, r in zip(photos + photos, responses, strict=True):
+        assert r.status_code == 200, r.text
+        ours, theirs = decoded(r.content), decoded((out / f"{path.stem}_x.png").read_bytes())
+        assert ours.shape == theirs.shape
+        assert np.abs(ours - theirs).max() <= TOLERANCE, path.name

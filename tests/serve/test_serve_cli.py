@@ -47,11 +47,18 @@ def test_beyond_loopback_needs_a_token_or_no_auth(args, says, monkeypatch):
     assert "SYNTHETIC" not in res.output                  # refused before any model was built
 
 
+def test_generator_calls_below_one_is_one_line_naming_the_flag():
+    res = invoke(["--weights", "synthetic", "--device", "cpu", "--detector", "mtcnn", "--generator-calls", "0"])
+    assert res.exit_code == 1
+    errors = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "--generator-calls 0" in errors[0] and "at least 1" in errors[0], res.output
+
+
 def test_help_lists_the_options():
     res = invoke(["--help"])
     assert res.exit_code == 0
     for flag in ("--host", "--port", "--token", "--no-auth", "--weights", "--preset", "--spool", "--max-upload-mb",
-                 "--max-megapixels", "--max-queue-faces", "--timeout", "--max-wait-ms"):
+                 "--max-megapixels", "--max-queue-faces", "--timeout", "--max-wait-ms", "--generator-calls"):
         assert flag in res.output
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from model_configs import SMALLEST
 
-from gpen_tune.bench.measure import psnr
 from gpen_tune.face import samples
 from gpen_tune.load import load_model
 from gpen_tune.model.configs import GPENConfig
+from gpen_tune.model.io import psnr
 from gpen_tune.pipeline import EnhanceSettings, Pipeline
 from gpen_tune.pipeline.scheduler import SchedulerConfig
 from gpen_tune.pipeline.settings import resolve_device

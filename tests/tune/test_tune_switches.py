@@ -160,7 +160,7 @@ def test_crop_level_guard_reruns_a_broken_half_batch_in_fp32(guard_model):
     """The pipeline's form of the NaN guard (submit / restore_crops): the per-face flags travel with the batch and
     a non-finite face sends the batch to the fp32 re-run; the crops equal the fp32 model's, nothing is counted
     as non-finite; a healthy half batch runs once."""
-    from gpen_tune.restore.convert import to_model_input, to_uint8_nhwc
+    from gpen_tune.model.io import to_model_input, to_uint8_nhwc
 
     faces = ((face_batch(SMALLEST.size, n=3) + 1) * 127.5).round().clamp(0, 255).byte().permute(0, 2, 3, 1)
     crops = [c.numpy() for c in faces]

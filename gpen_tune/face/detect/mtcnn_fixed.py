@@ -23,7 +23,8 @@ from gpen_tune.tune.cuda_graph import CAPTURE_LOCK, capture_stream
 
 class FixedCanvasPNet:
     """The P-Net stage for batches of images up to `side` x `side`, on a fixed canvas per batch bucket, replayed
-    from one CUDA graph per bucket (on CUDA; eager elsewhere, which the CPU tests use).
+    from one CUDA graph per bucket (on CUDA, captured on the bucket's second batch, since a capture costs more than
+    the eager call it replaces and a one-photo command never reuses it; eager elsewhere, which the CPU tests use).
 
     Why: P-Net over a pyramid of ~11 scales is ~2,000 small kernels per batch, launched from Python one by one:
     the detector call was host-bound (75 ms alone for 21 photos, 33 ms of it GPU time; H200,
@@ -79,6 +80,9 @@ class FixedCanvasPNet:
         if self.device.type == "cuda":
             self._uploaded = torch.cuda.Event()
             self._uploaded.record()
+        if self.graphs and slot.graph is None and slot.uses > 0:
+            slot.graph, slot.outputs = self._capture(slot)    # a bucket's second batch: a one-shot photo captures none
+        slot.uses += 1
         if slot.graph is not None:
             slot.graph.replay()
             self.replays += 1
@@ -88,10 +92,11 @@ class FixedCanvasPNet:
         return PNetMaps(table, sizes, slot.hw, slot.planes, slot.chunk_table, mask, feats, edges)
 
     def capture_all(self) -> None:
-        """Build (and on CUDA capture) every bucket now rather than at its first batch."""
+        """Build (and on CUDA capture) every bucket now rather than at its second batch."""
         for bucket in self.buckets:
-            if bucket not in self._slots:
-                self._build(bucket)
+            slot = self._slots.get(bucket) or self._build(bucket)
+            if self.graphs and slot.graph is None:
+                slot.graph, slot.outputs = self._capture(slot)
 
     # -- plan ----------------------------------------------------------------------------------------------------
     def _chunks(self, bucket: int) -> list[_Chunk]:
@@ -138,8 +143,6 @@ class FixedCanvasPNet:
         )
         slot.hw = slot.small[:bucket * 2].view(bucket, 2)
         slot.planes = slot.small[bucket * 2:].view(n_planes, 3)
-        if self.graphs:
-            slot.graph, slot.outputs = self._capture(slot)
         self._slots[bucket] = slot
         return slot
 
@@ -174,8 +177,9 @@ class _FixedSlot:
         self.chunks, self.canvas, self.small, self.chunk_table = chunks, canvas, small, chunk_table
         self.hw: torch.Tensor
         self.planes: torch.Tensor
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graph: torch.cuda.CUDAGraph | None = None      # captured on the bucket's second use
         self.outputs: tuple[torch.Tensor, ...] | None = None
+        self.uses = 0
 
 
 def _pinned(array: np.ndarray) -> torch.Tensor:

@@ -1,10 +1,13 @@
-"""The one tensor-conversion pair: HWC uint8 RGB crops (host or device) <-> NCHW in [-1, 1] in the model's dtype.
+"""The generator's input and output convention: HWC uint8 RGB crops (host or device) <-> NCHW in [-1, 1] in the
+model's dtype, and how two outputs in that range are compared (PSNR, max-abs) by the bench, the export's check and
+the tests.
 
-Both directions run on the device when the crops are there (a quarter of the bytes of float32 cross the bus).
+Both conversions run on the device when the crops are there (a quarter of the bytes of float32 cross the bus).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -34,3 +37,15 @@ def to_uint8_nhwc(out: torch.Tensor) -> torch.Tensor:
 def keep_input_where(finite: torch.Tensor, out_u8: torch.Tensor, in_u8: torch.Tensor) -> torch.Tensor:
     """out_u8 with the rows whose `finite` flag is False replaced by the input crop (no host sync)."""
     return torch.where(finite.view(-1, 1, 1, 1), out_u8, in_u8)
+
+
+def psnr(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """PSNR in dB of images in [-1,1] (clamped as they would be saved), peak = 1 after mapping to [0,1]."""
+    a = (out.float().clamp(-1, 1) + 1) / 2
+    b = (ref.float().clamp(-1, 1) + 1) / 2
+    mse = float(((a - b) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
+
+
+def max_abs(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.float() - ref.float()).abs().max())
