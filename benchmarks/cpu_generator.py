@@ -21,6 +21,9 @@ relative IQR of each, the load average before and after, PSNR vs fp32 and the co
     python benchmarks/cpu_generator.py --model GPEN-BFR-256 --repeats 9 --out benchmarks/results
     python benchmarks/cpu_generator.py --variants upstream,fused-bf16,preset-cpu,ort-fp32,ort-fp32-basic,ort-fp32-1t
     python benchmarks/cpu_generator.py --variants upstream,fused-bf16,onednn-bf16,preset-cpu --repeats 15
+    python benchmarks/cpu_generator.py --variants upstream,fused-bf16,preset-cpu --profile fused-bf16,preset-cpu
+`--profile`: after the timed calls, torch.profiler over 5 more calls of each named variant; the JSON gets its self
+CPU time per call by kind of operator (where the time goes) and its 12 largest operators.
 """
 
 from __future__ import annotations
@@ -108,6 +111,34 @@ def measure(variants: dict, x: torch.Tensor, repeats: int, threads: int) -> dict
             for k in variants}
 
 
+# where a variant's time goes: operator name -> kind (the rest is "other": views, small vector math, Python)
+KINDS = {"mkldnn::_convolution_pointwise": "oneDNN conv", "aten::mkldnn_convolution": "oneDNN conv",
+         "aten::_convolution": "oneDNN conv", "aten::cat": "concatenate / copy", "aten::copy_": "concatenate / copy",
+         "aten::mm": "GEMM (style path, ToRGB)", "aten::addmm": "GEMM (style path, ToRGB)",
+         "aten::bmm": "GEMM (style path, ToRGB)", "aten::mul": "elementwise", "aten::mul_": "elementwise",
+         "aten::add": "elementwise", "aten::add_": "elementwise", "aten::addcmul": "elementwise",
+         "aten::leaky_relu": "elementwise", "aten::leaky_relu_": "elementwise", "aten::fill_": "elementwise",
+         "aten::constant_pad_nd": "elementwise"}
+
+
+def profile(fn, x: torch.Tensor, calls: int = 5) -> dict:
+    """Self CPU ms per call by operator kind and the largest operators (torch.profiler; wall of the calling thread,
+    the operators' own threads included in theirs)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch.inference_mode(), torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn(x)
+    ops = {e.key: e.self_cpu_time_total / 1000 / calls for e in prof.key_averages()}
+    kinds: dict[str, float] = {}
+    for name, ms in ops.items():
+        kinds[KINDS.get(name, "other")] = kinds.get(KINDS.get(name, "other"), 0.0) + ms
+    top = dict(sorted(ops.items(), key=lambda kv: -kv[1])[:12])
+    return {"ms_per_call_by_kind": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+            "ms_per_call_total": sum(ops.values()), "largest_ops_ms_per_call": top, "calls": calls}
+
+
 def _uptime() -> str:
     """`uptime`'s line (the load of the shared machine while the run ended)."""
     try:
@@ -123,6 +154,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--variants", default="upstream,fp32,bf16,fused-bf16,preset-cpu,ort-fp32")
+    ap.add_argument("--profile", default="", help="variants to profile after the timing (comma-separated)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -134,12 +166,15 @@ def main() -> None:
         ref = base(x)
         quality = {k: psnr(fn(x), ref) for k, fn in variants.items()}
     timings = measure(variants, x, args.repeats, args.threads)
+    profiles = {name: profile(variants[name], x) for name in filter(None, args.profile.split(","))}
     upstream = timings.get("upstream")
     rows = {}
     for name, t in timings.items():
         row = {"ms_per_face_wall": t["wall"]["median_ms"], "ms_per_face_cpu": t["cpu_per_thread"]["median_ms"],
                "rel_iqr_wall": t["wall"]["rel_iqr"], "psnr_vs_fp32_db": quality[name], "wall_ms": t["wall_ms"],
                **notes.get(name, {})}
+        if name in profiles:
+            row["profile"] = profiles[name]
         if upstream:
             row["speedup_vs_upstream_wall"] = upstream["wall"]["median_ms"] / t["wall"]["median_ms"]
             row["speedup_vs_upstream_cpu"] = upstream["cpu_per_thread"]["median_ms"] / t["cpu_per_thread"]["median_ms"]
