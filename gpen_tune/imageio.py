@@ -47,6 +47,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from gpen_tune.file_mode import new_file_mode
+from gpen_tune.png_check import DamagedPng, checked_chunks, finish_stream_check, start_stream_check
 from gpen_tune.png_encode import PNG_LEVEL, encode_png
 
 MAX_PIXELS = 100_000_000
@@ -150,53 +151,51 @@ def _read_image(path: Path) -> Picture:
         if w * h > MAX_PIXELS:
             raise ImageReadError(_too_big(path, (w, h)))
         data = _checked_png(path) if img.format == "PNG" else None
-        exif, orientation = _exif_without_orientation(img)
-        icc = img.info.get("icc_profile") or None
-        if img.mode == "CMYK":
-            icc = None
-        if img.format in ("PNG", "TIFF") and _is_16_bit(path, img):
-            stored = None   # OpenCV applies a TIFF's orientation itself (and fails on 5-8): decode it with 1
-            if img.format == "TIFF" and orientation not in (None, 1):
-                stored = _tiff_without_orientation(path.read_bytes())
-                if stored is None:
-                    raise ImageReadError(f"{path}: cannot read its TIFF orientation entry; convert it to PNG first")
-            rgb, alpha, gray = _read_16_bit(path, stored)
-            rgb, alpha = _orient(rgb, orientation), None if alpha is None else _orient(alpha, orientation)
-            return Picture(rgb, alpha, gray, img.format, exif, icc, path)
-        if img.format == "TIFF" and orientation not in (None, 1):
-            rgb, alpha, gray = _read_oriented_tiff(path, img, orientation)
-            return Picture(rgb, alpha, gray, img.format, exif, icc, path)
-        fast = _decode_with_opencv(path, img, data)
-        if fast is not None:
-            return Picture(_orient(fast, orientation), None, False, img.format, exif, icc, path)
-        try:
-            img.load()
-            oriented = ImageOps.exif_transpose(img) if orientation not in (None, 1) else img
-            rgb, alpha, gray = _pixels_8_bit(oriented)
-        except (OSError, SyntaxError, ValueError) as e:
-            raise ImageReadError(f"{path}: truncated or corrupt image data ({e})") from None
-        return Picture(rgb, alpha, gray, img.format, exif, icc, path)
+        check = start_stream_check(data) if data is not None else None    # beside the decode (see png_check)
+        picture = _decode(path, img, data)
+    try:
+        finish_stream_check(check, path)
+    except DamagedPng as e:
+        raise ImageReadError(f"{e}; copy it again from its source") from None
+    return picture
 
 
 def _checked_png(path: Path) -> bytes:
-    """The PNG file's bytes once every chunk's CRC and length is checked, up to IEND: libpng inside OpenCV decodes a
-    pixel chunk with a bad CRC into black rows without an error (Pillow refuses such a file). One pass of
-    zlib.crc32 over the bytes: 13-21 ms for a 20 MB, 12 MP PNG whose decode takes 340-380 ms."""
-    data = path.read_bytes()
-    at = 8
-    while at + 12 <= len(data):
-        size, kind = struct.unpack(">I4s", data[at:at + 8])
-        end = at + 8 + size
-        if end + 4 > len(data):
-            raise ImageReadError(f"{path}: truncated PNG ({kind.decode('latin-1')} chunk cut off); the file is "
-                                 "damaged: copy it again from its source")
-        if zlib.crc32(data[at + 4:end]) != struct.unpack(">I", data[end:end + 4])[0]:
-            raise ImageReadError(f"{path}: damaged PNG (CRC error in its {kind.decode('latin-1')} chunk); copy it "
-                                 "again from its source")
-        if kind == b"IEND":
-            return data
-        at = end + 4
-    raise ImageReadError(f"{path}: truncated PNG (no IEND chunk); the file is damaged: copy it again from its source")
+    """The PNG file's bytes once every chunk's length and CRC is checked (png_check.checked_chunks)."""
+    try:
+        return checked_chunks(path.read_bytes())
+    except DamagedPng as e:
+        raise ImageReadError(f"{path}: {e}; copy it again from its source") from None
+
+
+def _decode(path: Path, img: Image.Image, data: bytes | None) -> Picture:
+    """The pixels of an opened, checked image (`data`: a PNG's bytes, read once), with its EXIF and ICC kept."""
+    exif, orientation = _exif_without_orientation(img)
+    icc = img.info.get("icc_profile") or None
+    if img.mode == "CMYK":
+        icc = None
+    if img.format in ("PNG", "TIFF") and _is_16_bit(path, img):
+        stored = None   # OpenCV applies a TIFF's orientation itself (and fails on 5-8): decode it with 1
+        if img.format == "TIFF" and orientation not in (None, 1):
+            stored = _tiff_without_orientation(path.read_bytes())
+            if stored is None:
+                raise ImageReadError(f"{path}: cannot read its TIFF orientation entry; convert it to PNG first")
+        rgb, alpha, gray = _read_16_bit(path, stored)
+        rgb, alpha = _orient(rgb, orientation), None if alpha is None else _orient(alpha, orientation)
+        return Picture(rgb, alpha, gray, img.format, exif, icc, path)
+    if img.format == "TIFF" and orientation not in (None, 1):
+        rgb, alpha, gray = _read_oriented_tiff(path, img, orientation)
+        return Picture(rgb, alpha, gray, img.format, exif, icc, path)
+    fast = _decode_with_opencv(path, img, data)
+    if fast is not None:
+        return Picture(_orient(fast, orientation), None, False, img.format, exif, icc, path)
+    try:
+        img.load()
+        oriented = ImageOps.exif_transpose(img) if orientation not in (None, 1) else img
+        rgb, alpha, gray = _pixels_8_bit(oriented)
+    except (OSError, SyntaxError, ValueError) as e:
+        raise ImageReadError(f"{path}: truncated or corrupt image data ({e})") from None
+    return Picture(rgb, alpha, gray, img.format, exif, icc, path)
 
 
 def _decode_with_opencv(path: Path, img: Image.Image, data: bytes | None = None) -> np.ndarray | None:

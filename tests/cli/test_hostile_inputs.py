@@ -222,6 +222,42 @@ def test_png_with_a_crc_error_in_its_pixels_fails_that_file(tmp_path):
     assert [p.name for p in out.iterdir()] == ["good.png"]
 
 
+def _png_with_pixel_stream(path: Path, rgb: np.ndarray, stream: bytes) -> None:
+    """A PNG of `rgb`'s size whose IDAT holds `stream`, every chunk's CRC valid."""
+    def chunk(kind: bytes, payload: bytes) -> bytes:
+        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+    h, w = rgb.shape[:2]
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+                     + chunk(b"IDAT", stream) + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("damage, needle", [("filter", "invalid filter type"), ("short", "cut short"),
+                                            ("deflate", "does not inflate")])
+def test_png_damaged_under_valid_crcs_fails_that_file(tmp_path, damage, needle):
+    """Pixel data damaged inside chunks whose CRCs are right (a bad row filter, a stream that stops early, a broken
+    deflate stream): OpenCV decoded such files into garbage or black rows with only a libpng line on stderr; now
+    the file fails with one line and nothing is written for it."""
+    src = tmp_path / "in"
+    walls(src, "good.png")
+    rgb = samples.astronaut()[:96, :128]
+    rows = b"".join(b"\x00" + row.tobytes() for row in rgb)
+    if damage == "filter":
+        rows = rows[: 40 * (1 + 128 * 3)] + b"\x07" + rows[40 * (1 + 128 * 3) + 1:]
+        stream = zlib.compress(rows)
+    elif damage == "short":
+        stream = zlib.compress(rows[: len(rows) // 2])
+    else:
+        stream = bytearray(zlib.compress(rows))
+        stream[len(stream) // 2: len(stream) // 2 + 16] = bytes(16)
+        stream = bytes(stream)
+    _png_with_pixel_stream(src / "bad.png", rgb, stream)
+    out = tmp_path / "out"
+    res = enhance(src, "-o", out)
+    one_error(res, 1, "bad.png", "damaged PNG", needle)
+    assert [p.name for p in out.iterdir()] == ["good.png"]
+
+
 def test_a_name_with_a_line_break_stays_one_line(tmp_path):
     src = tmp_path / "in"
     walls(src, "good.png")
