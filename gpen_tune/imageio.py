@@ -47,7 +47,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from gpen_tune.file_mode import new_file_mode
-from gpen_tune.png_check import DamagedPng, checked_chunks, finish_stream_check, start_stream_check
+from gpen_tune.png_check import DamagedPng, StreamCheck, checked_chunks
 from gpen_tune.png_encode import PNG_LEVEL, encode_png
 
 MAX_PIXELS = 100_000_000
@@ -151,12 +151,15 @@ def _read_image(path: Path) -> Picture:
         if w * h > MAX_PIXELS:
             raise ImageReadError(_too_big(path, (w, h)))
         data = _checked_png(path) if img.format == "PNG" else None
-        check = start_stream_check(data) if data is not None else None    # beside the decode (see png_check)
+        check = StreamCheck(data) if data is not None else None             # beside the decode (see png_check)
+        if check is not None:
+            check.start()
         picture = _decode(path, img, data)
-    try:
-        finish_stream_check(check, path)
-    except DamagedPng as e:
-        raise ImageReadError(f"{e}; copy it again from its source") from None
+    if check is not None:
+        try:
+            check.finish(path)
+        except DamagedPng as e:
+            raise ImageReadError(f"{e}; copy it again from its source") from None
     return picture
 
 
