@@ -406,6 +406,24 @@ def test_fixed_canvas_buffers_carry_nothing_between_calls():
     assert_identical(with_fixed(first[::-1], fixed), batched(first[::-1]))
 
 
+def test_fixed_canvas_runs_a_batch_on_the_smallest_canvas_that_holds_it():
+    """A batch of small photos runs on a canvas cut to them (P-Net's work is the canvas's pixels), with the
+    detections of the dynamic driver; each plan is kept per (bucket, canvas), and plans beyond the byte budget
+    are dropped, least recently used first."""
+    fixed = fixed_pnet(side=1024)
+    small = [photo("astronaut"), photo("grace_hopper")]               # 512 x 512 and 600 x 512
+    assert fixed.canvas_for(small) == (640, 512)
+    assert fixed.canvas_for([np.zeros((576, 1024, 3), np.uint8)]) == (640, 1024)
+    assert fixed.canvas_for([np.zeros((1000, 1, 3), np.uint8)]) == (1024, 128)
+    assert_identical(with_fixed(small, fixed), batched(small))
+    wide = [np.ascontiguousarray(np.concatenate([photo("astronaut")] * 2, axis=1))]   # 512 x 1024
+    assert_identical(with_fixed(wide, fixed), batched(wide))
+    assert list(fixed._slots) == [(2, 640, 512), (1, 512, 1024)]
+    fixed.MAX_KEPT_BYTES = fixed._slots[(1, 512, 1024)].nbytes()      # room for one plan: the older one goes
+    with_fixed(small[:1], fixed)
+    assert list(fixed._slots) == [(1, 512, 512)]
+
+
 def test_fixed_canvas_falls_back_for_what_it_cannot_hold():
     """Images larger than the canvas, or batches above the largest bucket, take the dynamic driver."""
     fixed = fixed_pnet(side=512)
@@ -448,7 +466,7 @@ def test_pnet_graph_replays_match_the_eager_driver_on_cuda():
                                     MTCNN_PYRAMID_FACTOR, "cuda")
         for g, w in zip(got, want, strict=True):
             assert_same(g, by_score(w), tol=0.05, score_tol=1e-4)
-    assert fixed.replays == len(batches) - 3 and sorted(fixed._slots) == [1, 8, 16]
+    assert fixed.replays == len(batches) - 3 and sorted(bucket for bucket, _, _ in fixed._slots) == [1, 8, 16]
     assert all(slot.graph is not None for slot in fixed._slots.values())
     det = MTCNNDetector("cuda")
     assert det.uses_pnet_graphs == (torch.cuda.get_device_properties(0).total_memory >= 12 * 2**30)

@@ -31,7 +31,8 @@ there (not measured yet) is the batched GPU MTCNN (one call for images of severa
 algorithms per shape, so a face's landmarks may depend on its batch mates), a kernel whose result depends on a
 row's position in the padded batch, and the folder benchmark's JPEG outputs, which turn a 1-level PNG difference
 into up to 5 (measured here). `test_cuda_bf16_serial_vs_pipeline` bounds serial vs pipeline on CUDA at each of
-those levels, with the CPU's bounds.
+those levels, with the CPU's bounds but for detection: there a face's landmarks moved by 1.2e-3 px between its
+image alone and in a batch (H100), bounded by CUDA_LANDMARK_SHIFT_PX.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ BF16_CROP_MAX = 4            # measured 2: twice that, a few bf16 steps of the o
 BF16_CROP_MEAN = 0.25        # measured 0.056 (batch 4), 0.048 (batch 8)
 FP32_IMAGE_MAX = 2           # as tests/pipeline/test_threads.py
 LANDMARK_SHIFT_PX = 1e-3     # default threads: torch threads 1 (threaded) vs all cores (serial); measured 9.9e-5
+CUDA_LANDMARK_SHIFT_PX = 1e-2  # the batched GPU MTCNN, alone vs with batch mates: measured 1.2e-3 (H100)
 TUNES = {"fp32": TuneConfig(), "bf16": PRESETS["cpu"]}
 PRECISIONS = [pytest.param("fp32"), pytest.param("bf16", marks=pytest.mark.cpu_bf16)]
 
@@ -222,7 +224,7 @@ def test_cuda_bf16_serial_vs_pipeline(folder):
         same_affines = True
         for k, (fs, fp) in enumerate(zip(s, p, strict=True)):
             shift = float(np.abs(fp.detection.landmarks - fs.detection.landmarks).max())
-            assert shift <= LANDMARK_SHIFT_PX, f"image {i} face {k}: landmarks moved {shift} px (detection)"
+            assert shift <= CUDA_LANDMARK_SHIFT_PX, f"image {i} face {k}: landmarks moved {shift} px (detection)"
             same_affines &= bool(np.array_equal(fp.affine, fs.affine))
             d = _diff(serial.restored[i][k], piped.restored[i][k])
             assert int(d.max()) <= BF16_CROP_MAX and float(d.mean()) <= BF16_CROP_MEAN, \
