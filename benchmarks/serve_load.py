@@ -149,7 +149,8 @@ def start_server(args: argparse.Namespace, spool: Path) -> tuple[subprocess.Pope
         cmd += ["--generator-calls", str(args.generator_calls)]
     if args.preset:
         cmd += ["--preset", args.preset]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    code = str(args.code or REPO)                              # whose gpen_tune the server runs
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [code, os.environ.get("PYTHONPATH")])))
     log = spool.parent / f"{spool.name}-server.log"            # the server's own output, shown if it fails
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -190,6 +191,8 @@ def main() -> None:
     ap.add_argument("--py-spy", dest="profile", type=Path, default=None,
                     help="attach py-spy to the ready server (every thread, non-blocking) and write its samples "
                     "here (folded stacks)")
+    ap.add_argument("--code", type=Path, default=None, help="the checkout whose gpen_tune the server runs (default: "
+                    "this one; e.g. an earlier commit's tree for a before/after)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     args = ap.parse_args()
     seq_n = args.sequential_requests or args.requests
