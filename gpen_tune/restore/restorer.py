@@ -55,6 +55,8 @@ class Restorer:
         model, cfg, reserve: the (cast) generator, the TuneConfig asked for and the fp32 weights for the re-run.
         one_shape: pad every crop batch to `limit` rows (a compiled forward: one compile instead of one per
             bucket); `take` then launches up to the limit at once. The tensor-level `__call__` never pads.
+            `pad_sizes` (set by an owner that warms those shapes first, as the service does) pads to the smallest
+            of them that holds the batch instead: a lone face then costs a batch of 1, not of the limit.
         timed: CUDA-event timing of every generator call (the runner's GPU busy fraction).
     Report fields: effective (cfg with skipped switches off), fallbacks, notes, skipped, warmup_seconds,
     warmup_reserved_bytes, fp32_reruns, nonfinite_faces, times (StageTimes).
@@ -74,6 +76,7 @@ class Restorer:
         self.effective = self.cfg
         self.reserve = reserve
         self.one_shape = one_shape
+        self.pad_sizes: tuple[int, ...] = ()   # with one_shape: the shapes batches pad to (the limit beyond them)
         self.timed = timed
         self.times = StageTimes()
         self.fallbacks: list[str] = []
@@ -243,11 +246,16 @@ class Restorer:
             return parts[0]
         return torch.cat([y for y, _ in parts]), torch.cat([f for _, f in parts])
 
+    def padded_size(self, n: int) -> int:
+        """The rows a padded batch of n runs as: the smallest of `pad_sizes` >= n under the limit, else the limit."""
+        return min((s for s in self.pad_sizes if n <= s < self.limit), default=max(n, self.limit))
+
     def _forward_once(self, x: torch.Tensor, pad: bool) -> tuple[torch.Tensor, torch.Tensor]:
         n = x.shape[0]
-        if pad and n < self.limit:
-            x = torch.cat([x, x.new_zeros((self.limit - n, *x.shape[1:]))])
-            self.times.padded += self.limit - n
+        rows = self.padded_size(n) if pad else n
+        if rows > n:
+            x = torch.cat([x, x.new_zeros((rows - n, *x.shape[1:]))])
+            self.times.padded += rows - n
         key = (x.shape[0], tuple(x.shape[1:]), x.dtype)
         first = key not in self.warmup_seconds
         start = time.perf_counter() if first else 0.0
