@@ -168,14 +168,14 @@ class Steps:
         a service's batches are as large as the traffic of the moment, and padding 13 faces to a limit of 64 cost
         five times their generator time (one face alone: 73 ms instead of ~3 ms, GPEN-BFR-512 on an H100)."""
         size = self.pipeline.size
-        restorer = self.restorer
-        sizes = [b for b in BUCKETS if b < restorer.limit] + [restorer.limit]
-        if restorer.one_shape:
-            restorer.pad_sizes = tuple(sizes)
+        inner = self.pipeline.restorer                   # the setting lives on the restorer, not on the lock's wrapper
+        sizes = [b for b in BUCKETS if b < inner.limit] + [inner.limit]
+        if inner.one_shape:
+            inner.pad_sizes = tuple(sizes)
         grey = np.full((size, size, 3), 128, np.uint8)
-        for b in sizes if restorer.one_shape else [1]:
-            for _ in range(2 if restorer.one_shape else 1):
-                restorer.submit([grey] * b).result()
+        for b in sizes if inner.one_shape else [1]:
+            for _ in range(2 if inner.one_shape else 1):
+                self.restorer.submit([grey] * b).result()
 
     # -- the three calls -----------------------------------------------------------------------------------------
     def prepare(self, path: Path, name: str, options: RequestOptions) -> Prepared:

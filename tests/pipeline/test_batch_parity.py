@@ -32,7 +32,8 @@ algorithms per shape, so a face's landmarks may depend on its batch mates), a ke
 row's position in the padded batch, and the folder benchmark's JPEG outputs, which turn a 1-level PNG difference
 into up to 5 (measured here). `test_cuda_bf16_serial_vs_pipeline` bounds serial vs pipeline on CUDA at each of
 those levels, with the CPU's bounds but for detection: there a face's landmarks moved by 1.2e-3 px between its
-image alone and in a batch (H100), bounded by CUDA_LANDMARK_SHIFT_PX.
+image alone and in a batch (H100), bounded by CUDA_LANDMARK_SHIFT_PX, which moves the affine and so the crop the
+bf16 generator sees (measured 5 levels, mean 0.41: CUDA_CROP_MAX / CUDA_CROP_MEAN).
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ BF16_CROP_MEAN = 0.25        # measured 0.056 (batch 4), 0.048 (batch 8)
 FP32_IMAGE_MAX = 2           # as tests/pipeline/test_threads.py
 LANDMARK_SHIFT_PX = 1e-3     # default threads: torch threads 1 (threaded) vs all cores (serial); measured 9.9e-5
 CUDA_LANDMARK_SHIFT_PX = 1e-2  # the batched GPU MTCNN, alone vs with batch mates: measured 1.2e-3 (H100)
+CUDA_CROP_MAX = 8              # bf16 crops whose affines moved with those landmarks: measured 5, mean 0.41 (H100)
+CUDA_CROP_MEAN = 0.6
 TUNES = {"fp32": TuneConfig(), "bf16": PRESETS["cpu"]}
 PRECISIONS = [pytest.param("fp32"), pytest.param("bf16", marks=pytest.mark.cpu_bf16)]
 
@@ -227,11 +230,12 @@ def test_cuda_bf16_serial_vs_pipeline(folder):
             assert shift <= CUDA_LANDMARK_SHIFT_PX, f"image {i} face {k}: landmarks moved {shift} px (detection)"
             same_affines &= bool(np.array_equal(fp.affine, fs.affine))
             d = _diff(serial.restored[i][k], piped.restored[i][k])
-            assert int(d.max()) <= BF16_CROP_MAX and float(d.mean()) <= BF16_CROP_MEAN, \
+            assert int(d.max()) <= CUDA_CROP_MAX and float(d.mean()) <= CUDA_CROP_MEAN, \
                 f"image {i} face {k}: restored crop {int(d.max())} / {float(d.mean()):.3f} (generator)"
         crop_max = max((int(_diff(a, b).max()) for a, b in zip(serial.restored[i], piped.restored[i],
                                                               strict=True)), default=0)
         image = _diff(serial.results[i], piped.results[i])
-        # bit-equal affines: the paste adds nothing but its one rounding in fp32 (+1); else the crop bound
-        bound = crop_max + 1 if same_affines else BF16_CROP_MAX
+        # the paste adds its one rounding in fp32 (+1) to the crops' difference; affines apart by ~1e-3 px move
+        # the warp's samples by far less than a level
+        bound = crop_max + 1 if same_affines else crop_max + 2
         assert int(image.max()) <= bound, f"image {i}: {int(image.max())} levels (paste), crops {crop_max}"

@@ -405,3 +405,28 @@ def test_concurrent_requests_on_cuda_are_pasted_on_the_device_with_enhance_pixel
         ours, theirs = decoded(r.content), decoded((out / f"{path.stem}_x.png").read_bytes())
         assert ours.shape == theirs.shape
         assert np.abs(ours - theirs).max() <= TOLERANCE, path.name
+
+
+@pytest.mark.gpu
+def test_service_warms_every_bucket_and_pads_a_lone_face_to_one_row_on_cuda(weights):
+    """With CUDA graphs (`--preset speed`) the service warms each bucket up to the limit before it is ready and
+    pads a batch to the smallest of them: one face runs as a batch of one, not of the limit."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from gpen_tune.serve.steps import Steps
+    from gpen_tune.tune.options import PRESETS
+
+    settings = EnhanceSettings(model=MODEL, weights=str(weights), detector="mtcnn", device="cuda", batch_size=8)
+    steps = Steps.build(settings, PRESETS["speed"], notify=lambda msg: None)
+    try:
+        inner = steps.pipeline.restorer
+        assert inner.one_shape
+        steps.warm_up()
+        assert inner.pad_sizes == (1, 2, 4, 8)
+        padded = inner.times.padded
+        face = np.full((inner.size, inner.size, 3), 90, np.uint8)
+        steps.restorer.submit([face]).result()
+        steps.restorer.submit([face] * 3).result()
+        assert inner.times.padded - padded == 1                 # 1 as 1, 3 as 4: not 7 + 5 rows of padding
+    finally:
+        steps.close()
