@@ -149,11 +149,12 @@ def start_server(args: argparse.Namespace, spool: Path) -> tuple[subprocess.Pope
         cmd += ["--generator-calls", str(args.generator_calls)]
     if args.preset:
         cmd += ["--preset", args.preset]
-    code = str(args.code or REPO)                              # whose gpen_tune the server runs
+    code = str((args.code or REPO).resolve())                  # whose gpen_tune the server runs
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [code, os.environ.get("PYTHONPATH")])))
     log = spool.parent / f"{spool.name}-server.log"            # the server's own output, shown if it fails
     with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        # run in the checkout: `python -m` puts its working folder first on sys.path, ahead of PYTHONPATH
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=code)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
