@@ -91,38 +91,3 @@ def test_detector_server_shrinks_in_the_callers_thread_with_identical_detections
     for g_img, w_img in zip(got, want, strict=True):
         for g, w in zip(g_img, w_img, strict=True):
             assert np.array_equal(g.box, w.box) and np.array_equal(g.landmarks, w.landmarks) and g.score == w.score
-
-
-@pytest.mark.slow
-def test_detector_server_cuts_a_batch_that_would_pad_far_to_the_size_below():
-    """A detector that runs padded batch sizes (its CUDA-graph buckets, `batch_sizes`): five waiting callers would
-    pad to 8 (3 of 8 wasted), so they run as 4 now and 1 in the next call; every caller still gets the detections
-    of its image alone. Seven would pad to 8 by one: they run as one call."""
-    from gpen_tune.face.detect import BatchingDetector
-
-    photos = [samples.astronaut(), samples.grace_hopper(), samples.mosaic(4, 0), samples.astronaut()[::2, ::2].copy()]
-    for waiting, want_sizes in ((5, [1, 4, 1]), (7, [1, 7])):
-        gated = _GatedDetector()
-        gated.batch_sizes = (1, 2, 4, 8)
-        images = [photos[i % len(photos)] for i in range(waiting + 1)]
-        alone = [len(d) for d in gated.inner.detect(images)]
-        server = BatchingDetector(gated)
-        got: dict[int, object] = {}
-
-        def call(i, img, server=server, got=got):
-            got[i] = server.detect([img])[0]
-
-        first = threading.Thread(target=call, args=(0, images[0]))
-        first.start()
-        gated.entered.wait()
-        others = [threading.Thread(target=call, args=(i, img)) for i, img in enumerate(images[1:], start=1)]
-        for t in others:
-            t.start()
-        while server._queue.qsize() < len(others):
-            time.sleep(0.01)
-        gated.gate.set()
-        for t in [first, *others]:
-            t.join()
-        server.close()
-        assert gated.sizes == want_sizes
-        assert [len(got[i]) for i in range(len(images))] == alone

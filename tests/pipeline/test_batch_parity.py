@@ -31,9 +31,10 @@ there (not measured yet) is the batched GPU MTCNN (one call for images of severa
 algorithms per shape, so a face's landmarks may depend on its batch mates), a kernel whose result depends on a
 row's position in the padded batch, and the folder benchmark's JPEG outputs, which turn a 1-level PNG difference
 into up to 5 (measured here). `test_cuda_bf16_serial_vs_pipeline` bounds serial vs pipeline on CUDA at each of
-those levels, with the CPU's bounds but for detection: there a face's landmarks moved by 1.2e-3 px between its
-image alone and in a batch (H100), bounded by CUDA_LANDMARK_SHIFT_PX, which moves the affine and so the crop the
-bf16 generator sees (measured 5 and 10 levels, mean 0.41 and 0.52: CUDA_CROP_MAX / CUDA_CROP_MEAN).
+those levels, with the CPU's bounds but for detection: there a face's landmarks moved between its image alone
+and in a batch by 1.2e-3 px, and by 1.4e-2 px once P-Net's canvas follows the batch's largest image (H100), bounded
+by CUDA_LANDMARK_SHIFT_PX. That moves the affine and so the crop the bf16 generator sees: measured 5 and 10 levels,
+mean 0.41 and 0.52 (CUDA_CROP_MAX / CUDA_CROP_MEAN). With both bounds the test passed on an H100.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ BF16_CROP_MAX = 4            # measured 2: twice that, a few bf16 steps of the o
 BF16_CROP_MEAN = 0.25        # measured 0.056 (batch 4), 0.048 (batch 8)
 FP32_IMAGE_MAX = 2           # as tests/pipeline/test_threads.py
 LANDMARK_SHIFT_PX = 1e-3     # default threads: torch threads 1 (threaded) vs all cores (serial); measured 9.9e-5
-CUDA_LANDMARK_SHIFT_PX = 1e-2  # the batched GPU MTCNN, alone vs with batch mates: measured 1.2e-3 (H100)
+CUDA_LANDMARK_SHIFT_PX = 5e-2  # the batched GPU MTCNN, alone vs with batch mates: measured 1.2e-3, 1.4e-2 (H100)
 CUDA_CROP_MAX = 16             # bf16 crops whose affines moved with those landmarks: measured 5 and 10, mean 0.41
 CUDA_CROP_MEAN = 1.0           # and 0.52, in two runs (H100)
 TUNES = {"fp32": TuneConfig(), "bf16": PRESETS["cpu"]}

@@ -113,11 +113,6 @@ class MTCNNDetector(FaceDetector):
             return (cuda_total(self.device) or 0) >= PNET_GRAPHS_MIN_GIB * 2**30
         return True
 
-    @property
-    def batch_sizes(self) -> tuple[int, ...]:
-        """Batch sizes the detector runs without padding (the P-Net plans' buckets); () when any size is exact."""
-        return FixedCanvasPNet.buckets_for(self.max_batch) if self.uses_pnet_graphs else ()
-
     def capture_graphs(self) -> None:
         """Capture the P-Net graphs of every batch bucket now (else each is captured by its first batch)."""
         if self.uses_pnet_graphs and self.pnet is not None:

@@ -52,7 +52,7 @@ class FixedCanvasPNet:
 
     def __init__(self, pnet: torch.nn.Module, side: int, min_face: float, threshold: float, factor: float,
                  graphs: bool | None = None, max_batch: int = 32, area: area_ops.Impl = "auto"):
-        self.buckets = self.buckets_for(max_batch)
+        self.buckets = tuple(b for b in self.BUCKETS if b < max_batch) + (int(max_batch),)
         self.pnet, self.side = pnet, int(side)
         self.step = -(-self.side // self.CANVAS_STEPS)
         self.min_face, self.threshold, self.factor = float(min_face), float(threshold), float(factor)
@@ -67,11 +67,6 @@ class FixedCanvasPNet:
         self._uploaded: torch.cuda.Event | None = None   # the last upload from _host (reused only after it)
         self.replays = 0
         self.area = area                                 # area-resize implementation (captured into the graphs)
-
-    @classmethod
-    def buckets_for(cls, max_batch: int) -> tuple[int, ...]:
-        """The batch sizes plans are made for (a batch runs padded to the next one), up to `max_batch`."""
-        return tuple(b for b in cls.BUCKETS if b < max_batch) + (int(max_batch),)
 
     def fits(self, images: Sequence[np.ndarray]) -> bool:
         return (0 < len(images) <= self.buckets[-1] and bool(self.scales)

@@ -34,7 +34,6 @@ from gpen_tune.face.detect.base import Detection, detect_shrunk
 from gpen_tune.tune.cuda_graph import settle
 
 MAX_IMAGES = 32      # images per service call (a backend splits them by its own `max_batch`)
-MAX_PADDING = 0.25   # of a padded batch size: beyond, a batch is cut to the size below (take_batch)
 Policy = Literal["tight", "always", "never"]
 POLICIES = ("tight", "always", "never")
 DEFAULT_MIN_FREE_BYTES = 4 * 1024**3  # release when less than this is free before a generator batch
@@ -52,24 +51,13 @@ class DetectRequest:
         self.error: BaseException | None = None
 
 
-def take_batch(requests: queue.Queue[DetectRequest | None], max_images: int,
-               held: list[DetectRequest] | None = None, sizes: Sequence[int] = ()) -> list[DetectRequest] | None:
-    """Block for one request (none when `held` has some: they go first), then add everything already queued
-    (never waits for company) up to `max_images` images. None means stop; a stop seen after the first request is
-    put back, so it ends the next call.
-
-    `sizes`: the batch sizes the detector runs without padding (its CUDA-graph buckets; a batch runs padded to the
-    next one, at the cost of that size). A batch that would pad more than MAX_PADDING of its size is cut to the
-    size below, the requests beyond put in `held` for the next call: 9 queued frames run as 8 now and 1 with the
-    next arrivals, not as 16."""
-    if held:
-        batch, n = held[:], sum(len(r.images) for r in held)
-        held.clear()
-    else:
-        req = requests.get()
-        if req is None:
-            return None
-        batch, n = [req], len(req.images)
+def take_batch(requests: queue.Queue[DetectRequest | None], max_images: int) -> list[DetectRequest] | None:
+    """Block for one request, then add everything already queued (never waits for company) up to `max_images`
+    images. None means stop; a stop seen after the first request is put back, so it ends the next call."""
+    req = requests.get()
+    if req is None:
+        return None
+    batch, n = [req], len(req.images)
     while n < max_images:
         try:
             nxt = requests.get_nowait()
@@ -80,25 +68,7 @@ def take_batch(requests: queue.Queue[DetectRequest | None], max_images: int,
             break
         batch.append(nxt)
         n += len(nxt.images)
-    if sizes and held is not None:
-        batch = _cut_to_size(batch, n, sizes, held)
     return batch
-
-
-def _cut_to_size(batch: list[DetectRequest], n: int, sizes: Sequence[int], held: list[DetectRequest]
-                 ) -> list[DetectRequest]:
-    above = [s for s in sizes if s >= n]
-    below = [s for s in sizes if s <= n]
-    if not above or not below or above[0] - n <= MAX_PADDING * above[0]:
-        return batch
-    kept, k = [batch[0]], len(batch[0].images)
-    for i in range(1, len(batch)):
-        if k + len(batch[i].images) > below[-1]:
-            held.extend(batch[i:])                # in order: they go first next call
-            break
-        kept.append(batch[i])
-        k += len(batch[i].images)
-    return kept
 
 
 class BatchingDetector:
@@ -120,9 +90,6 @@ class BatchingDetector:
         self._stream = None
         self.max_images = max_images
         self._queue: queue.Queue[DetectRequest | None] = queue.Queue()
-        self._held: list[DetectRequest] = []     # requests a cut batch left for the next call (take_batch)
-        # the sizes the wrapped detector runs unpadded, read once (a lazy detector has none: nothing is built)
-        self._batch_sizes = tuple(getattr(inner, "batch_sizes", ()) or ())
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -180,7 +147,7 @@ class BatchingDetector:
         return req.result
 
     def _serve(self) -> None:
-        while (batch := take_batch(self._queue, self.max_images, self._held, self._batch_sizes)) is not None:
+        while (batch := take_batch(self._queue, self.max_images)) is not None:
             self._run(batch)
 
     def _run(self, batch: list[DetectRequest]) -> None:
