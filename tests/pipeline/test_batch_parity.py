@@ -27,7 +27,7 @@ pinned down here:
 Figures: benchmarks/batch_parity.py, benchmarks/results/20261206-093003_batch_parity.json. On a GPU with
 `--preset speed` the CUDA-graph forward pads every batch to the limit, so both paths run the generator at the same
 batch size and the CPU's cause (kernels chosen by batch size) should be gone from the generator; what is left
-there (not measured yet) is the batched GPU MTCNN (one call for images of several sizes: cuDNN chooses its
+there is the batched GPU MTCNN (one call for images of several sizes: cuDNN chooses its
 algorithms per shape, so a face's landmarks may depend on its batch mates), a kernel whose result depends on a
 row's position in the padded batch, and the folder benchmark's JPEG outputs, which turn a 1-level PNG difference
 into up to 5 (measured here). `test_cuda_bf16_serial_vs_pipeline` bounds serial vs pipeline on CUDA at each of
