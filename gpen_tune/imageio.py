@@ -47,7 +47,7 @@ import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from gpen_tune.file_mode import new_file_mode
-from gpen_tune.png_check import DamagedPng, StreamCheck, checked_chunks
+from gpen_tune.png_check import DamagedPng, StreamCheck, checked_chunks, late_chunks
 from gpen_tune.png_encode import PNG_LEVEL, encode_png
 
 MAX_PIXELS = 100_000_000
@@ -173,7 +173,7 @@ def _checked_png(path: Path) -> bytes:
 
 def _decode(path: Path, img: Image.Image, data: bytes | None) -> Picture:
     """The pixels of an opened, checked image (`data`: a PNG's bytes, read once), with its EXIF and ICC kept."""
-    exif, orientation = _exif_without_orientation(img)
+    exif, orientation = _exif_without_orientation(img, data)
     icc = img.info.get("icc_profile") or None
     if img.mode == "CMYK":
         icc = None
@@ -275,10 +275,27 @@ def _too_big(path: Path, size: tuple[int, int] | None) -> str:
             f"downscale or split it first")
 
 
-def _exif_without_orientation(img: Image.Image) -> tuple[bytes | None, int | None]:
+def _read_exif(img: Image.Image, data: bytes | None) -> Image.Exif:
+    """`img.getexif()`, without decoding a PNG's pixels where its chunks allow.
+
+    Why: Pillow's PNG reader looks for an EXIF block stored after the pixel data by decoding the whole image: 112 ms
+    of a 6.8 MP photo's 255 ms read (2 cores), the pixels then decoded again by OpenCV. With the file's bytes at
+    hand (`data`, checked), an eXIf chunk after the pixels is read here; text chunks after them (a raw EXIF profile
+    or XMP may be there) still go through Pillow's load."""
+    if img.format != "PNG" or data is None:
+        return img.getexif()
+    late = late_chunks(data)
+    if late.keys() & {b"tEXt", b"zTXt", b"iTXt"}:
+        return img.getexif()
+    if b"eXIf" in late and "exif" not in img.info:
+        img.info["exif"] = b"Exif\x00\x00" + late[b"eXIf"]       # as Pillow's reader stores it
+    return Image.Image.getexif(img)                                # what the header chunks gave: no decode
+
+
+def _exif_without_orientation(img: Image.Image, data: bytes | None = None) -> tuple[bytes | None, int | None]:
     """(the EXIF block to write: orientation 1, no layout tags; the source's orientation)."""
     try:
-        exif = img.getexif()
+        exif = _read_exif(img, data)
     except Exception:  # noqa: BLE001 - broken EXIF must not make the photo unreadable
         return None, None
     if not len(exif):

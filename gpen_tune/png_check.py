@@ -98,6 +98,23 @@ class StreamCheck(threading.Thread):
             raise DamagedPng(f"{path}: {self.error}")
 
 
+def late_chunks(data: bytes) -> dict[bytes, bytes]:
+    """The chunks after the pixel data (after the first IDAT, IEND excluded): {type: payload of its first}.
+    Pillow reads those only by decoding the whole image (see imageio's EXIF reading). `data`: a checked file."""
+    late: dict[bytes, bytes] = {}
+    seen_idat, at = False, 8
+    while at + 12 <= len(data):
+        size, kind = struct.unpack(">I4s", data[at:at + 8])
+        if kind == b"IEND":
+            break
+        if kind == b"IDAT":
+            seen_idat = True
+        elif seen_idat and kind not in late:
+            late[kind] = data[at + 8:at + 8 + size]
+        at += 12 + size
+    return late
+
+
 def _idat(data: bytes):
     """The IDAT payloads in file order, as views (no copy)."""
     view = memoryview(data)

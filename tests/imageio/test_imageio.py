@@ -187,3 +187,42 @@ def test_arrays_in_and_out(photo):
     assert picture_from_array(photo[..., 0]).grayscale
     with pytest.raises(ValueError):
         picture_from_array(photo.astype(np.float32))
+
+
+def _chunk(kind: bytes, payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+
+
+def _png_with_late_chunks(plain: bytes, late: list[bytes]) -> bytes:
+    """`plain` (a PNG without metadata) with the chunks `late` put between its last IDAT and IEND."""
+    iend = plain.rindex(b"IEND") - 4
+    return plain[:iend] + b"".join(late) + plain[iend:]
+
+
+@pytest.mark.parametrize("where", ["eXIf", "raw profile", "xmp"])
+def test_png_metadata_after_the_pixels_is_read_as_pillow_reads_it(tmp_path, photo, where):
+    """EXIF orientation stored after a PNG's pixel data (an eXIf chunk, ImageMagick's raw-profile text, XMP):
+    read_image finds it without Pillow decoding the pixels for it (the eXIf chunk) or through Pillow (text
+    chunks), and orients the photo as Pillow's own reading does."""
+    buf = tmp_path / "plain.png"
+    Image.fromarray(photo).save(buf)
+    block = _exif(6).tobytes()                                  # b"Exif\0\0" + TIFF header ...
+    tiff = block[6:] if block.startswith(b"Exif") else block
+    late = {
+        "eXIf": [_chunk(b"eXIf", tiff)],
+        "raw profile": [_chunk(b"tEXt", b"Raw profile type exif\x00\nexif\n" + f"{len(block):8d}\n".encode()
+                                + block.hex().encode() + b"\n")],
+        "xmp": [_chunk(b"iTXt", b"XML:com.adobe.xmp\x00\x00\x00\x00\x00"
+                                b"<x:xmpmeta><tiff:Orientation>6</tiff:Orientation></x:xmpmeta>")],
+    }[where]
+    path = tmp_path / "late.png"
+    path.write_bytes(_png_with_late_chunks(buf.read_bytes(), late))
+    with Image.open(path) as im:
+        expect = np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
+    assert expect.shape == (photo.shape[1], photo.shape[0], 3)     # Pillow turns it: orientation 6 was found
+    pic = read_image(path)
+    np.testing.assert_array_equal(pic.rgb, expect)
+    if where != "xmp":
+        kept = Image.Exif()
+        kept.load(pic.exif)
+        assert kept.get(0x0112) == 1 and kept.get(0x010F) == "gpen-tune test camera"
