@@ -49,6 +49,9 @@ def serve(
                                                 show_default=False,
                                                 help="Generator calls at once (default: 2 on a 2-core CPU, one per "
                                                 "share of the cores; 1 on a GPU).")] = None,
+    detector_process: Annotated[bool, _opt("--detector-process", panel=MODEL_PANEL,
+                                            help="Run the face detector in a process of its own (its own GIL: for "
+                                            "many concurrent requests on a GPU; about 10 s more at start).")] = False,
     preset: PresetOpt = None,
     spool: Annotated[Path, _opt("--spool", panel=LIMIT_PANEL, help="Folder of jobs and uploads in progress.")]
     = Path("gpen-serve-spool"),
@@ -80,6 +83,7 @@ def serve(
         check_bind(host, token, no_auth)
     except UnsafeBind as e:
         raise failure(e) from None
+    from gpen_tune.pipeline.conflicts import check_detector_process
     from gpen_tune.pipeline.settings import (  # heavy: torch (fast --help)
         EnhanceSettings,
         detection_size,
@@ -94,7 +98,9 @@ def serve(
         tune, origin = tune_config_from_options(preset, device=dev.type)
         settings = EnhanceSettings(model=model, weights=weights, device=str(dev), detector=detector,
                                    det_size=detection_size(None, tune.face_crop),
-                                   parse_mask=parse_mask, parse_weights=parse_weights, batch_size=batch_size)
+                                   parse_mask=parse_mask, parse_weights=parse_weights, batch_size=batch_size,
+                                   detector_process=detector_process)
+        check_detector_process(detector_process, tune.lazy_detector)
         limits = ServeLimits(max_upload_bytes=int(max_upload_mb * 2**20), max_pixels=int(max_megapixels * 1e6),
                              max_queue_faces=max_queue_faces, request_timeout_s=timeout, max_wait_ms=max_wait_ms,
                              generator_calls=generator_calls, spool_quota_bytes=int(spool_quota_mb * 2**20),

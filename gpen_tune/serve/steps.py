@@ -161,12 +161,14 @@ class Steps:
         return max(1, usable_cores() // self.cpu_threads())
 
     def warm_up(self) -> None:
-        """Generator calls on grey crops, so the first requests do not pay for lazy initialisation.
+        """A detection and generator calls on grey pixels, so the first requests do not pay for lazy initialisation.
 
         A forward that pads batches to one shape (CUDA graphs, a compile) gets every bucket up to the limit
         warmed (twice: a graph is captured on a shape's second use) and pads to the smallest that holds a batch:
         a service's batches are as large as the traffic of the moment, and padding 13 faces to a limit of 64 cost
         five times their generator time (one face alone: 73 ms instead of ~3 ms, GPEN-BFR-512 on an H100)."""
+        if not self.pipeline.settings.aligned:           # the detector service started (a process: ~10 s) and used
+            self.detector().detect([np.full((64, 64, 3), 128, np.uint8)])
         size = self.pipeline.size
         inner = self.pipeline.restorer                   # the setting lives on the restorer, not on the lock's wrapper
         sizes = [b for b in BUCKETS if b < inner.limit] + [inner.limit]
@@ -263,6 +265,11 @@ class Steps:
         return result.output, result.faces
 
     # -- helpers -------------------------------------------------------------------------------------------------
+    def detector(self) -> Any:
+        """The detector service every request shares: a batching thread, or with `detector_process` a process of
+        its own (its own GIL: under many concurrent requests the detector thread waited on the GIL)."""
+        return self.pipeline.detector("process" if self.pipeline.settings.detector_process else "thread")
+
     def _stages_for(self, options: RequestOptions) -> PipelineSteps:
         pipe = self.pipeline
         use_parser = options.parse_mask is not False
@@ -277,7 +284,7 @@ class Steps:
                     self._stages.pop(next(iter(self._stages)))
                 settings = replace(pipe.settings, strength=options.strength,
                                    only_center_face=options.only_center_face)
-                stages = PipelineSteps(settings, size=pipe.size, device=pipe.device, detector=pipe.detector("thread"),
+                stages = PipelineSteps(settings, size=pipe.size, device=pipe.device, detector=self.detector(),
                                        parser=pipe.parser if use_parser else None, face_crop=pipe.tune.face_crop,
                                        cut_on_device=False, paste_impl=pipe.paste_impl)
                 self._stages[key] = stages

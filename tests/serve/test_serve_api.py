@@ -20,7 +20,7 @@ import torch
 import typer
 from conftest_weights import checkpoint_file
 from model_configs import SMALLEST
-from serve_helpers import decoded, metric, photo_files, png_bomb, server_thread
+from serve_helpers import decoded, metric, photo_files, png_bomb, serve_process, server_thread
 from typer.testing import CliRunner
 
 from gpen_tune.cli import app as cli_app
@@ -134,6 +134,30 @@ def test_two_generator_calls_at_once_give_enhance_pixels(parallel_server, photos
         ours, theirs = decoded(r.content), decoded(enhanced[path.name])
         assert ours.shape == theirs.shape
         assert np.abs(ours - theirs).max() <= TOLERANCE, path.name
+
+
+@pytest.mark.slow
+def test_detector_in_its_own_process_gives_enhance_pixels(weights, photos, enhanced, tmp_path):
+    """`gpen-tune serve --detector-process`: the detector runs in a child process (started before the server is
+    ready), concurrent requests get `enhance`'s pixels, and the child goes with the server."""
+    args = ["--weights", str(weights), "--model", MODEL, "--device", "cpu", "--detector", "mtcnn",
+            "--batch-size", "4", "--max-wait-ms", "2000", "--detector-process"]
+    with serve_process(args, tmp_path) as (url, proc):
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        spawned = [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        assert spawned, children                              # the detector's process, there before any request
+        with ThreadPoolExecutor(len(photos)) as pool:
+            responses = list(pool.map(lambda p: post(url, p, ext="png"), photos))
+        proc.terminate()
+        assert proc.wait(timeout=120) == 0
+    for path, r in zip(photos, responses, strict=True):
+        assert r.status_code == 200, r.text
+        ours, theirs = decoded(r.content), decoded(enhanced[path.name])
+        assert np.abs(ours - theirs).max() <= TOLERANCE, path.name
+    deadline = time.monotonic() + 60                         # the child sees its pipe close, then exits
+    while any(Path(f"/proc/{c}").exists() for c in spawned) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(Path(f"/proc/{c}").exists() for c in spawned)
 
 
 def test_job_runs_through_the_spool_and_answers_in_the_input_format(batching_server, photos, enhanced):

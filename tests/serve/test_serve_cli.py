@@ -58,7 +58,8 @@ def test_help_lists_the_options():
     res = invoke(["--help"])
     assert res.exit_code == 0
     for flag in ("--host", "--port", "--token", "--no-auth", "--weights", "--preset", "--spool", "--max-upload-mb",
-                 "--max-megapixels", "--max-queue-faces", "--timeout", "--max-wait-ms", "--generator-calls"):
+                 "--max-megapixels", "--max-queue-faces", "--timeout", "--max-wait-ms", "--generator-calls",
+                 "--detector-process"):
         assert flag in res.output
 
 
