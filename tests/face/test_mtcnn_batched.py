@@ -419,7 +419,7 @@ def test_fixed_canvas_runs_a_batch_on_the_smallest_canvas_that_holds_it():
     wide = [np.ascontiguousarray(np.concatenate([photo("astronaut")] * 2, axis=1))]   # 512 x 1024
     assert_identical(with_fixed(wide, fixed), batched(wide))
     assert list(fixed._slots) == [(2, 640, 512), (1, 512, 1024)]
-    fixed.MAX_KEPT_BYTES = fixed._slots[(1, 512, 1024)].nbytes()      # room for one plan: the older one goes
+    fixed.max_kept_bytes = fixed._slots[(1, 512, 1024)].nbytes()      # room for one plan: the older one goes
     with_fixed(small[:1], fixed)
     assert list(fixed._slots) == [(1, 512, 512)]
 

@@ -20,6 +20,7 @@ MTCNN_STAGE_THRESHOLDS = (0.6, 0.7, 0.7)
 MTCNN_PYRAMID_FACTOR = 0.709
 MTCNN_MAX_BATCH = 32             # images per batched-MTCNN call, of any sizes (P-Net chunks itself by pixels)
 PNET_GRAPHS_MIN_GIB = 12         # MTCNN on CUDA: P-Net from CUDA graphs by default on GPUs at least this large
+PNET_PLANS_MEMORY_SHARE = 16     # the P-Net plans' kept buffers: at most this fraction of the usable memory (3 GiB)
 # The batched driver's working set per image pixel at det_size (P-Net maps, summed-area table, resized levels):
 # ~860 MiB live at the peak of a call of ~15 images at 1,024 px, measured (benchmarks/results/
 # 20261202-005523_low_memory_low-memory.json, peak_by_site). A call may take 1/DETECTOR_MEMORY_SHARE of the
@@ -121,8 +122,11 @@ class MTCNNDetector(FaceDetector):
 
     def _fixed_pnet(self) -> FixedCanvasPNet:
         if self._fixed is None:
+            total = cuda_total(self.device) or 0
+            kept = min(FixedCanvasPNet.MAX_KEPT_BYTES, total // PNET_PLANS_MEMORY_SHARE)
             self._fixed = FixedCanvasPNet(self.pnet, self.det_size, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS[0],
-                                          MTCNN_PYRAMID_FACTOR, max_batch=self.max_batch, area=self.area)
+                                          MTCNN_PYRAMID_FACTOR, max_batch=self.max_batch, area=self.area,
+                                          max_kept_bytes=kept)
         return self._fixed
 
     def _detect_batch(self, batch):

@@ -42,16 +42,18 @@ class FixedCanvasPNet:
     Canvas shapes: P-Net's work is the canvas's pixels, so a batch runs on the smallest canvas holding its images,
     each side rounded up to a multiple of side / CANVAS_STEPS (a 1,024 x 576 video frame: 1,024 x 640, not 1,024
     x 1,024; a 512 x 600 photo: 640 x 512). Memory: one graph pool shared by every plan (one replay at a time,
-    outputs consumed before the next); plans beyond MAX_KEPT_BYTES of buffers are dropped, least recently used
+    outputs consumed before the next); plans beyond `max_kept_bytes` of buffers are dropped, least recently used
     first.
     """
 
     BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
     CANVAS_STEPS = 8                    # canvas sides are multiples of side / 8
-    MAX_KEPT_BYTES = 3 * 2**30          # the plans' own buffers kept (canvases, tables, maps); the rest dropped
+    MAX_KEPT_BYTES = 3 * 2**30          # default bound of the plans' own buffers (canvases, tables, maps) kept
 
     def __init__(self, pnet: torch.nn.Module, side: int, min_face: float, threshold: float, factor: float,
-                 graphs: bool | None = None, max_batch: int = 32, area: area_ops.Impl = "auto"):
+                 graphs: bool | None = None, max_batch: int = 32, area: area_ops.Impl = "auto",
+                 max_kept_bytes: int = MAX_KEPT_BYTES):
+        self.max_kept_bytes = int(max_kept_bytes)
         self.buckets = tuple(b for b in self.BUCKETS if b < max_batch) + (int(max_batch),)
         self.pnet, self.side = pnet, int(side)
         self.step = -(-self.side // self.CANVAS_STEPS)
@@ -150,14 +152,14 @@ class FixedCanvasPNet:
         return self._host[:need].view(bucket, h, w, 3)
 
     def _slot(self, key: tuple[int, int, int]) -> _FixedSlot:
-        """The plan of `key` (bucket, h, w), built if new; the least recently used plans beyond MAX_KEPT_BYTES go."""
+        """The plan of `key` (bucket, h, w), built if new; the least recently used plans beyond the bound go."""
         slot = self._slots.get(key)
         if slot is not None:
             self._slots.move_to_end(key)
             return slot
         slot = self._build(*key)
         self._slots[key] = slot
-        while len(self._slots) > 1 and sum(s.nbytes() for s in self._slots.values()) > self.MAX_KEPT_BYTES:
+        while len(self._slots) > 1 and sum(s.nbytes() for s in self._slots.values()) > self.max_kept_bytes:
             self._slots.popitem(last=False)
         return slot
 
