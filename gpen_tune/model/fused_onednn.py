@@ -33,10 +33,6 @@ from gpen_tune.model.layers import EqualConv2d, FusedLeakyReLU
 
 SQRT2 = math.sqrt(2.0)
 SLOPE = 0.2
-# Below these sizes a oneDNN call's fixed cost (~35 us through PyTorch, RESULTS.md) exceeds the work: the noise half
-# is two elementwise ops (5-22 us at 4-16 px) and ToRGB one GEMM on the channels-last rows (44-87 us vs 74-104 us).
-NOISE_EW_MAX = 16
-RGB_GEMM_MAX = 64
 
 
 def available() -> str | None:
@@ -82,20 +78,6 @@ def interleave(y: torch.Tensor, cout: int) -> torch.Tensor:
     return t.reshape(b, 2 * h, 2 * w, cout).permute(0, 3, 1, 2)
 
 
-def upsample_matrices(kernel: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The skip's up-sampling (conv_transpose2d with a rank-1 4x4 `kernel`, stride 2, padding 1) of a size x size
-    image as rows @ x @ cols ([2S, S] and [S, 2S], fp32): two small GEMMs instead of a grouped transposed conv,
-    whose PyTorch dispatch alone cost 60-95 us a call at 4-32 px (the GEMMs: 9-18 us)."""
-    k = kernel.detach().double()
-    r, c = k.sum(1), k.sum(0) / k.sum()
-    if not torch.allclose(r[:, None] * c[None, :], k, rtol=1e-6, atol=1e-9):
-        raise NotImplementedError("the skip's up-sampling needs a separable FIR kernel (GPEN's [1,3,3,1] is)")
-    eye = torch.eye(size, dtype=torch.float64)[:, None, :]
-    rows = F.conv_transpose1d(eye, r.view(1, 1, 4), stride=2, padding=1)[:, 0, :].t()
-    cols = F.conv_transpose1d(eye, c.view(1, 1, 4), stride=2, padding=1)[:, 0, :]
-    return rows.float().contiguous(), cols.float().contiguous()
-
-
 def pack(weight: torch.Tensor, padding: int, stride: int, groups: int, input_chw: tuple[int, int, int]
          ) -> torch.Tensor:
     """A constant conv weight in oneDNN's blocked layout for a batch-1 input of `input_chw`: without it every call
@@ -128,11 +110,6 @@ class OnednnGenerator(FusedGenerator):
         for layer in self.layers:
             self._decoder_layer(layer, size, dtype)
             size = size * 2 if layer.upsample else size
-        for j, rgb in enumerate(self.rgbs):
-            if rgb.up_weight is not None:
-                rows, cols = upsample_matrices(rgb.up_weight[0, 0], 4 * 2 ** (j - 1))
-                rgb.register_buffer("up_rows", rows, persistent=False)
-                rgb.register_buffer("up_cols", cols, persistent=False)
         self._vector_tables()
 
     def _decoder_layer(self, layer: nn.Module, size: int, dtype: torch.dtype) -> None:
@@ -153,7 +130,7 @@ class OnednnGenerator(FusedGenerator):
             del layer.weight                                               # the packed copy is the only one
         out = 2 * size if layer.upsample else size
         noise = _cl(torch.full((layer.cout, 1, 1, 1), layer.nw, dtype=dtype))
-        layer.packed_noise = None if out <= NOISE_EW_MAX else pack(noise, 0, 1, layer.cout, (layer.cout, out, out))
+        layer.packed_noise = pack(noise, 0, 1, layer.cout, (layer.cout, out, out))
         layer.register_buffer("noise_b", layer.b_f.to(dtype), persistent=False)
 
     def _vector_tables(self) -> None:
@@ -236,34 +213,13 @@ class OnednnGenerator(FusedGenerator):
         n = 2 * buf.shape[-1]
         return conv_act(y, layer.packed_blur, bias, padding=1, groups=layer.cout)[:, :, :n, :n]
 
-    def _noise(self, layer: nn.Module, feat: torch.Tensor) -> torch.Tensor:
-        """The encoder-feature half lrelu(nw * feat + b): a depthwise 1x1 conv, at small sizes two elementwise ops."""
-        if layer.packed_noise is None:
-            return F.leaky_relu_(torch.add(layer.noise_b.view(1, -1, 1, 1), feat, alpha=layer.nw), SLOPE)
-        return conv_act(feat, layer.packed_noise, layer.noise_b, groups=layer.cout)
-
     def _rgb(self, k: int, parts: list[torch.Tensor], scale: torch.Tensor, skip: torch.Tensor | None
              ) -> torch.Tensor:
         """ToRGB of the next input [conv half | noise half], given as one tensor or as its two halves: a 1x1 conv
-        (a GEMM on the channels-last rows at small sizes) with the style in its weight and the bias, added to the
-        up-sampled skip (fp32)."""
+        with the style in its weight and the bias, added to the up-sampled skip (fp32)."""
         rgb = self.rgbs[k]
-        bias = rgb.bias.view(3).to(self.dtype)
-        b, c, h, w = parts[0].shape
-        if len(parts) == 1 and h <= RGB_GEMM_MAX:
-            rows = parts[0].permute(0, 2, 3, 1).reshape(h * w, c)
-            y = torch.addmm(bias, rows, (rgb.weight * scale[:c, None]).to(self.dtype)).view(1, h, w, 3)
-            y = y.permute(0, 3, 1, 2)
-        else:
-            y = self._rgb_conv(rgb, parts, scale, bias)
-        if skip is None:
-            return y.float()
-        return torch.matmul(torch.matmul(rgb.up_rows, skip[0]), rgb.up_cols).add_(y[0])[None]
-
-    def _rgb_conv(self, rgb: nn.Module, parts: list[torch.Tensor], scale: torch.Tensor, bias: torch.Tensor
-                  ) -> torch.Tensor:
-        """ToRGB as a 1x1 oneDNN conv on one tensor or on the two halves (no concatenated copy)."""
         weight = _cl((rgb.weight * scale[: rgb.weight.shape[0], None]).t().to(self.dtype)[:, :, None, None])
+        bias = rgb.bias.view(3).to(self.dtype)
         if len(parts) == 1:
             y = conv_act(parts[0], weight, bias, act=False)
         else:                   # the halves' two 1x1 convs, the second adding the first (no concatenated copy)
@@ -271,7 +227,9 @@ class OnednnGenerator(FusedGenerator):
             y = torch.ops.mkldnn._convolution_pointwise(parts[1], conv_act(parts[0], weight[:, :c], bias, act=False),
                                                         weight[:, c:], None, [0, 0], [1, 1], [1, 1], 1, "add", 1.0,
                                                         None, [], None)
-        return y
+        if skip is None:
+            return y.float()
+        return F.conv_transpose2d(skip, rgb.up_weight, stride=2, padding=1, groups=3).add_(y)
 
     def _forward_one(self, x: torch.Tensor) -> torch.Tensor:
         feats = self._encode_one(x.to(dtype=self.dtype, memory_format=torch.channels_last))
@@ -282,7 +240,7 @@ class OnednnGenerator(FusedGenerator):
         last = len(self.layers) - 1
         for k, layer in enumerate(self.layers):
             h = self._styled(layer, buf, scale[k, : layer.cin], bias[k, : layer.cout])
-            g = self._noise(layer, feats[feat_idx])
+            g = conv_act(feats[feat_idx], layer.packed_noise, layer.noise_b, groups=layer.cout)
             parts = [h, g] if k == last else [torch.cat([h, g], dim=1)]       # the last one only feeds ToRGB
             buf = parts[0]
             if k == 0 or not layer.upsample:
