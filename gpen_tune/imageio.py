@@ -46,8 +46,9 @@ import cv2
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from gpen_tune.exif import ORIENTATION_TAG, exif_without_orientation
 from gpen_tune.file_mode import new_file_mode
-from gpen_tune.png_check import DamagedPng, StreamCheck, checked_chunks, late_chunks
+from gpen_tune.png_check import DamagedPng, StreamCheck, checked_chunks
 from gpen_tune.png_encode import PNG_LEVEL, encode_png
 
 MAX_PIXELS = 100_000_000
@@ -56,13 +57,6 @@ EXT_TO_FORMAT = {"jpg": "JPEG", "jpeg": "JPEG", "png": "PNG", "webp": "WEBP", "b
                  "tiff": "TIFF"}
 FORMAT_TO_EXT = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "BMP": "bmp", "TIFF": "tiff"}
 INPUT_EXTENSIONS = tuple(EXT_TO_FORMAT)
-ORIENTATION_TAG = 0x0112
-# TIFF tags that describe how one file stores its pixels (size, samples, strips/tiles, compression, colour map,
-# ICC profile, sub-IFDs): meaningless in another file; a TIFF written with a rotated frame and the source's
-# width/height would be corrupt
-_LAYOUT_TAGS = frozenset({254, 255, 256, 257, 258, 259, 262, 263, 264, 265, 266, 273, 277, 278, 279, 280, 281, 284,
-                          288, 289, 290, 291, 292, 293, 317, 320, 322, 323, 324, 325, 330, 338, 339, 340, 341, 347,
-                          513, 514, 530, 531, 532, 34675})
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 
 
@@ -154,13 +148,21 @@ def _read_image(path: Path) -> Picture:
         check = StreamCheck(data) if data is not None else None             # beside the decode (see png_check)
         if check is not None:
             check.start()
-        picture = _decode(path, img, data)
+        try:
+            picture = _decode(path, img, data)
+        except ImageReadError:
+            _finish_check(check, path)              # a damaged stream names itself, not the decoder's error
+            raise
+    _finish_check(check, path)
+    return picture
+
+
+def _finish_check(check: StreamCheck | None, path: Path) -> None:
     if check is not None:
         try:
             check.finish(path)
         except DamagedPng as e:
             raise ImageReadError(f"{e}; copy it again from its source") from None
-    return picture
 
 
 def _checked_png(path: Path) -> bytes:
@@ -173,7 +175,7 @@ def _checked_png(path: Path) -> bytes:
 
 def _decode(path: Path, img: Image.Image, data: bytes | None) -> Picture:
     """The pixels of an opened, checked image (`data`: a PNG's bytes, read once), with its EXIF and ICC kept."""
-    exif, orientation = _exif_without_orientation(img, data)
+    exif, orientation = exif_without_orientation(img, data)
     icc = img.info.get("icc_profile") or None
     if img.mode == "CMYK":
         icc = None
@@ -273,44 +275,6 @@ def _too_big(path: Path, size: tuple[int, int] | None) -> str:
     dims = f"{size[0]}x{size[1]} = {size[0] * size[1] / 1e6:.0f} MP" if size else "more than 179 MP"
     return (f"{path}: image too large ({dims}; the limit is {MAX_PIXELS // 1_000_000} MP): "
             f"downscale or split it first")
-
-
-def _read_exif(img: Image.Image, data: bytes | None) -> Image.Exif:
-    """`img.getexif()`, without decoding a PNG's pixels where its chunks allow.
-
-    Why: Pillow's PNG reader looks for an EXIF block stored after the pixel data by decoding the whole image: 112 ms
-    of a 6.8 MP photo's 255 ms read (2 cores), the pixels then decoded again by OpenCV. With the file's bytes at
-    hand (`data`, checked), an eXIf chunk after the pixels is read here; text chunks after them (a raw EXIF profile
-    or XMP may be there) still go through Pillow's load."""
-    if img.format != "PNG" or data is None:
-        return img.getexif()
-    late = late_chunks(data)
-    if late.keys() & {b"tEXt", b"zTXt", b"iTXt"}:
-        return img.getexif()
-    if b"eXIf" in late and "exif" not in img.info:
-        img.info["exif"] = b"Exif\x00\x00" + late[b"eXIf"]       # as Pillow's reader stores it
-    return Image.Image.getexif(img)                                # what the header chunks gave: no decode
-
-
-def _exif_without_orientation(img: Image.Image, data: bytes | None = None) -> tuple[bytes | None, int | None]:
-    """(the EXIF block to write: orientation 1, no layout tags; the source's orientation)."""
-    try:
-        exif = _read_exif(img, data)
-    except Exception:  # noqa: BLE001 - broken EXIF must not make the photo unreadable
-        return None, None
-    if not len(exif):
-        return None, None
-    orientation = exif.get(ORIENTATION_TAG)
-    try:
-        copy = Image.Exif()                           # the image keeps its own block for transposing
-        copy.load(exif.tobytes())
-        for tag in _LAYOUT_TAGS & set(copy):
-            del copy[tag]
-        if orientation is not None:
-            copy[ORIENTATION_TAG] = 1
-        return (copy.tobytes() if len(copy) else None), orientation
-    except Exception:  # noqa: BLE001
-        return None, orientation
 
 
 def _is_16_bit(path: Path, img: Image.Image) -> bool:
