@@ -122,8 +122,9 @@ class MTCNNDetector(FaceDetector):
 
     def _fixed_pnet(self) -> FixedCanvasPNet:
         if self._fixed is None:
-            total = cuda_total(self.device) or 0
-            kept = min(FixedCanvasPNet.MAX_KEPT_BYTES, total // PNET_PLANS_MEMORY_SHARE)
+            total = cuda_total(self.device)                      # None off CUDA: the default bound
+            kept = FixedCanvasPNet.MAX_KEPT_BYTES if total is None else min(FixedCanvasPNet.MAX_KEPT_BYTES,
+                                                                            total // PNET_PLANS_MEMORY_SHARE)
             self._fixed = FixedCanvasPNet(self.pnet, self.det_size, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS[0],
                                           MTCNN_PYRAMID_FACTOR, max_batch=self.max_batch, area=self.area,
                                           max_kept_bytes=kept)
