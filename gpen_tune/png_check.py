@@ -102,27 +102,27 @@ def late_chunks(data: bytes) -> dict[bytes, bytes]:
     """The chunks after the pixel data (after the first IDAT, IEND excluded): {type: payload of its first}.
     Pillow reads those only by decoding the whole image (see imageio's EXIF reading). `data`: a checked file."""
     late: dict[bytes, bytes] = {}
-    seen_idat, at = False, 8
-    while at + 12 <= len(data):
-        size, kind = struct.unpack(">I4s", data[at:at + 8])
-        if kind == b"IEND":
-            break
+    seen_idat = False
+    for kind, payload in _chunks(data):
         if kind == b"IDAT":
             seen_idat = True
         elif seen_idat and kind not in late:
-            late[kind] = data[at + 8:at + 8 + size]
-        at += 12 + size
+            late[kind] = bytes(payload)
     return late
 
 
 def _idat(data: bytes):
     """The IDAT payloads in file order, as views (no copy)."""
+    return (payload for kind, payload in _chunks(data) if kind == b"IDAT")
+
+
+def _chunks(data: bytes):
+    """(type, payload view) of each chunk of a checked file, in file order, up to IEND (excluded)."""
     view = memoryview(data)
     at = 8
     while at + 12 <= len(data):
         size, kind = struct.unpack(">I4s", data[at:at + 8])
-        if kind == b"IDAT":
-            yield view[at + 8:at + 8 + size]
-        elif kind == b"IEND":
+        if kind == b"IEND":
             return
+        yield kind, view[at + 8:at + 8 + size]
         at += 12 + size

@@ -170,9 +170,13 @@ class Pipeline:
             steps = self.steps(sink, "inline", save_faces=save_faces, tracker=tracker, save_mask=save_mask)
             return run_serial(source, steps, batch_size=self.settings.batch_size, on_result=on_result,
                               on_faces=on_faces)
-        service = "process" if self.settings.detector_process else "thread"
-        steps = self.steps(sink, service, save_faces=save_faces, tracker=tracker, save_mask=save_mask)
+        steps = self.steps(sink, self.threaded_service, save_faces=save_faces, tracker=tracker, save_mask=save_mask)
         return run_threaded(source, steps, config, on_result=on_result, on_faces=on_faces)
+
+    @property
+    def threaded_service(self) -> str:
+        """The detector service of many-threaded runs: "process" with `settings.detector_process`, else "thread"."""
+        return "process" if self.settings.detector_process else "thread"
 
     def _release_hook(self) -> Callable[[], None] | None:
         """The lazy detector's release before generator batches (None when the detector is not lazy)."""

@@ -55,8 +55,8 @@ class Restorer:
         model, cfg, reserve: the (cast) generator, the TuneConfig asked for and the fp32 weights for the re-run.
         one_shape: pad every crop batch to `limit` rows (a compiled forward: one compile instead of one per
             bucket); `take` then launches up to the limit at once. The tensor-level `__call__` never pads.
-            `pad_sizes` (set by an owner that warms those shapes first, as the service does) pads to the smallest
-            of them that holds the batch instead: a lone face then costs a batch of 1, not of the limit.
+            `pad_to_buckets` (set by an owner that warms every bucket first, as the service does) pads to the
+            smallest bucket that holds the batch instead: a lone face then costs a batch of 1, not of the limit.
         timed: CUDA-event timing of every generator call (the runner's GPU busy fraction).
     Report fields: effective (cfg with skipped switches off), fallbacks, notes, skipped, warmup_seconds,
     warmup_reserved_bytes, fp32_reruns, nonfinite_faces, times (StageTimes).
@@ -76,7 +76,7 @@ class Restorer:
         self.effective = self.cfg
         self.reserve = reserve
         self.one_shape = one_shape
-        self.pad_sizes: tuple[int, ...] = ()   # with one_shape: the shapes batches pad to (the limit beyond them)
+        self.pad_to_buckets = False            # with one_shape: pad to the bucket that holds a batch, not the limit
         self.timed = timed
         self.times = StageTimes()
         self.fallbacks: list[str] = []
@@ -247,8 +247,11 @@ class Restorer:
         return torch.cat([y for y, _ in parts]), torch.cat([f for _, f in parts])
 
     def padded_size(self, n: int) -> int:
-        """The rows a padded batch of n runs as: the smallest of `pad_sizes` >= n under the limit, else the limit."""
-        return min((s for s in self.pad_sizes if n <= s < self.limit), default=max(n, self.limit))
+        """The rows a padded batch of n runs as: the limit, or with `pad_to_buckets` the smallest bucket >= n (the
+        limit at most)."""
+        if self.pad_to_buckets and n <= BUCKETS[-1]:
+            return min(buckets.bucket_ceil(n), self.limit)
+        return max(n, self.limit)
 
     def _forward_once(self, x: torch.Tensor, pad: bool) -> tuple[torch.Tensor, torch.Tensor]:
         n = x.shape[0]

@@ -173,7 +173,7 @@ class Steps:
         inner = self.pipeline.restorer                   # the setting lives on the restorer, not on the lock's wrapper
         sizes = [b for b in BUCKETS if b < inner.limit] + [inner.limit]
         if inner.one_shape:
-            inner.pad_sizes = tuple(sizes)
+            inner.pad_to_buckets = True             # each size padded_size gives is warmed below
         grey = np.full((size, size, 3), 128, np.uint8)
         for b in sizes if inner.one_shape else [1]:
             for _ in range(2 if inner.one_shape else 1):
@@ -268,7 +268,7 @@ class Steps:
     def detector(self) -> Any:
         """The detector service every request shares: a batching thread, or with `detector_process` a process of
         its own (its own GIL: under many concurrent requests the detector thread waited on the GIL)."""
-        return self.pipeline.detector("process" if self.pipeline.settings.detector_process else "thread")
+        return self.pipeline.detector(self.pipeline.threaded_service)
 
     def _stages_for(self, options: RequestOptions) -> PipelineSteps:
         pipe = self.pipeline

@@ -118,7 +118,7 @@ def test_one_shape_padding_and_its_take_policy(model):
     want = Restorer(model, device="cpu", size=64, max_batch=4).submit(crops).result()
     assert seen == [4] and len(got) == 3
     assert max(np.abs(a.astype(int) - b.astype(int)).max() for a, b in zip(got, want, strict=True)) <= TOLERANCE
-    fixed.pad_sizes = (1, 2, 4)                      # what the service warms: the smallest shape that holds a batch
+    fixed.pad_to_buckets = True                      # as the service sets it: the smallest bucket that holds a batch
     seen.clear()
     for k in (1, 3, 2, 4):
         got = fixed.submit(crops[:k] if k <= 3 else crops + crops[:1]).result()
