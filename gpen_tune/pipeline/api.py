@@ -23,6 +23,7 @@ from gpen_tune.choices import DETECTOR_NAMES
 from gpen_tune.device_memory import trim_host_heap
 from gpen_tune.extras import require
 from gpen_tune.face.detect import BatchingDetector, default_notify, init_detector, serve
+from gpen_tune.face.detect.services import call_summary
 from gpen_tune.face.parse import load_parser
 from gpen_tune.imageio import ImageReadError, Picture
 from gpen_tune.load import load_model
@@ -89,6 +90,7 @@ class Pipeline:
         self._given_detector = detector
         self._detector_name: str | None = None   # what "auto" chose (prepare), for every later service
         self._detectors: dict[str, Any] = {}
+        self._detector_calls: dict[str, dict[str, Any]] = {}   # of services closed (detector_calls)
         self._parser: Any = None
         self._parser_loaded = False
         self._upscaler: Any = None
@@ -105,6 +107,12 @@ class Pipeline:
                 threshold=s.det_threshold, det_size=s.det_size, notify=self.notify, service=service,
                 lazy=self.tune.lazy_detector)
         return self._detectors[service]
+
+    def detector_calls(self) -> dict[str, dict[str, Any]]:
+        """What each batching detector service did (calls, images, calls by size, busy time), by service ("thread",
+        "process"); kept after `close`, for the run report."""
+        live = {k: s for k, d in self._detectors.items() if (s := call_summary(d)) is not None}
+        return {**self._detector_calls, **live}
 
     @property
     def parser(self) -> Any:
@@ -195,6 +203,7 @@ class Pipeline:
         return sink.results[0]
 
     def close(self) -> None:
+        self._detector_calls = self.detector_calls()
         for det in self._detectors.values():
             if det is self._given_detector:
                 continue                                     # the caller's: the caller closes it

@@ -119,6 +119,8 @@ def run_report(result: Any, *, settings: Any, tune: Any, pipeline: Any, detector
     summary["tune"] = tune_summary(tune, getattr(pipeline, "restorer", None))
     if hasattr(pipeline, "device_summary"):                 # several devices: what each one did
         summary["devices"] = pipeline.device_summary()
+    if callable(getattr(pipeline, "detector_calls", None)):  # the threaded runs' detector services
+        summary["detector_calls"] = pipeline.detector_calls()
     return {"gpen_tune": __version__, "settings": asdict(settings), "device": str(pipeline.device),
             "weights": pipeline.weights_source, "detector": detector, "tune": summary["tune"], "summary": summary,
             "images": [j.report() for j in result.jobs]}

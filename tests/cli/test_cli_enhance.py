@@ -75,6 +75,8 @@ def test_cli_folder_mixing_good_no_face_and_broken(mixed_folder, tmp_path):
     assert data["weights"] == "synthetic" and data["detector"] == "mtcnn"
     gen = data["tune"]["generator"]                  # how busy the run kept the generator, first batch to last
     assert gen["faces"] == 2 and 0 < gen["busy_s"] <= gen["span_s"] and 0 < gen["busy_share"] <= 1
+    det = data["summary"]["detector_calls"]["thread"]   # the folder's detector service: each decoded image once
+    assert det["images"] == 3 and sum(det["calls_by_size"].values()) == det["calls"] <= 3 and det["busy_s"] > 0
 
 
 def test_cli_png_level_trades_size_for_speed_with_the_same_pixels(tmp_path):

@@ -31,6 +31,7 @@ import pickle
 import queue
 import signal
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.shared_memory import SharedMemory
@@ -122,6 +123,7 @@ class ProcessDetector:
         self.calls = 0
         self.images = 0
         self.largest = 0
+        self.sizes: Counter[int] = Counter()   # detector calls by their number of images
         self._thread = threading.Thread(target=self._serve, name="gpen-detect-process-io", daemon=True)
         self._thread.start()
 
@@ -195,6 +197,7 @@ class ProcessDetector:
         self.calls += 1
         self.images += len(images)
         self.largest = max(self.largest, len(images))
+        self.sizes[len(images)] += 1
         for r, (kind, payload) in zip(batch, replies, strict=True):
             if kind == "ok":
                 r.result = payload

@@ -23,6 +23,7 @@ import gc
 import queue
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
@@ -51,6 +52,18 @@ class DetectRequest:
         self.error: BaseException | None = None
 
 
+def call_summary(service: Any) -> dict[str, Any] | None:
+    """A batching service's calls, images, largest call, calls by their size and busy seconds (None for a detector
+    that does not count them): whether detection kept up, and how many batch sizes a run met."""
+    sizes = getattr(service, "sizes", None)
+    if sizes is None:
+        return None
+    busy = getattr(service, "busy_s", None)
+    return {"calls": service.calls, "images": service.images, "largest": service.largest,
+            "calls_by_size": {str(k): v for k, v in sorted(sizes.items())},
+            "busy_s": None if busy is None else round(busy, 4)}
+
+
 def take_batch(requests: queue.Queue[DetectRequest | None], max_images: int) -> list[DetectRequest] | None:
     """Block for one request, then add everything already queued (never waits for company) up to `max_images`
     images. None means stop; a stop seen after the first request is put back, so it ends the next call."""
@@ -74,9 +87,10 @@ def take_batch(requests: queue.Queue[DetectRequest | None], max_images: int) -> 
 class BatchingDetector:
     """Wraps a detector (anything with `detect(list_of_images) -> list`); thread-safe `detect`.
 
-    Attributes (for benchmarks): `calls` detector calls made, `images` images detected, `largest` biggest batch,
-    `busy_s` wall seconds spent inside successful detector calls; `own_stream` / `stream_priority` (see
-    `_detect_on_own_stream`) and `max_images` (images per detector call) may be set before a run.
+    Attributes (for the run report and benchmarks): `calls` detector calls made, `images` images detected,
+    `largest` biggest batch, `sizes` calls by their number of images, `busy_s` wall seconds spent inside
+    successful detector calls; `own_stream` / `stream_priority` (see `_detect_on_own_stream`) and `max_images`
+    (images per detector call) may be set before a run.
     Everything else (`name`, `device`, `det_size`, ...) is read from the wrapped detector.
     """
 
@@ -96,6 +110,7 @@ class BatchingDetector:
         self.calls = 0
         self.images = 0
         self.largest = 0
+        self.sizes: Counter[int] = Counter()   # detector calls by their number of images
         self.busy_s = 0.0                 # wall time inside detector calls (its share of a run: is it the limit?)
 
     @property
@@ -159,6 +174,7 @@ class BatchingDetector:
             self.calls += 1
             self.images += len(images)
             self.largest = max(self.largest, len(images))
+            self.sizes[len(images)] += 1
             start = 0
             for r in batch:
                 r.result = found[start:start + len(r.images)]
