@@ -145,7 +145,8 @@ def cli(args: list[str], env: dict, timeout: float, report: Path | None = None,
            "graph_fallback": FALLBACK_MARK in text, "output_tail": text[-1500:]}
     if report is not None and report.is_file():
         data = json.loads(report.read_text())
-        out["summary"] = {k: data["summary"].get(k) for k in ("images", "faces", "wall_s", "faces_per_s")}
+        out["summary"] = {k: data["summary"].get(k) for k in ("images", "faces", "wall_s", "faces_per_s",
+                                                              "detector_calls")}
         out["tune"] = {k: (data.get("tune") or {}).get(k) for k in ("describe", "effective_describe", "fallbacks",
                                                                    "warmup_s", "generator")}
         out["images"] = [{"input": Path(j["input"]).name, "n_faces": j["n_faces"], "timings_s": j["timings_s"],

@@ -35,6 +35,8 @@ def figures(name: str, run: dict) -> dict:
         out["faces"], out["images"] = summary["faces"], summary["images"]
         out["pipeline_wall_s"] = summary.get("wall_s")
     out["generator_busy"] = busy_share(run)
+    if summary.get("detector_calls"):
+        out["detector_calls"] = summary["detector_calls"]
     steps: dict[str, list[float]] = {}
     for job in images:
         for step, sec in (job.get("timings_s") or {}).items():
