@@ -19,7 +19,7 @@ from gpen_tune.face.detect import (
     shrink_for_detection,
 )
 from gpen_tune.face.detect.mtcnn_batched import detect_mtcnn_batched, min_nms_host, pyramid_scales
-from gpen_tune.face.detect.mtcnn_fixed import FixedCanvasPNet
+from gpen_tune.face.detect.mtcnn_fixed import IMAGES_PER_CONV, FixedCanvasPNet
 from gpen_tune.ops.area_resize import integral
 from gpen_tune.ops.nms import grouped_nms
 
@@ -443,7 +443,7 @@ def test_fixed_canvas_buckets_share_their_convolution_shapes():
         hook.remove()
     assert sorted(k[0] for k in fixed._slots) == [4, 8, 16]       # three plans (buckets), one set of shapes
     assert seen[4] == seen[5] == seen[16]
-    assert {s[0] for s in seen[16]} == {FixedCanvasPNet.IMAGES_PER_CONV}
+    assert {s[0] for s in seen[16]} == {IMAGES_PER_CONV}
 
 
 def test_fixed_canvas_falls_back_for_what_it_cannot_hold():
