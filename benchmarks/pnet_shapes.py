@@ -1,5 +1,6 @@
 """The detector's P-Net plans: what a plan's first (eager) batch costs per batch bucket, with the convolutions on the
-whole bucket per call against at most `IMAGES_PER_CONV` images per call, and what a replay costs.
+whole bucket per call against at most 4 (the default, `IMAGES_PER_CONV`) or 8 images per call, and what a replay
+costs.
 
 Why: a 1080p video's detector thread spent half its samples in the first batch of each new plan, mostly inside
 convolution calls (cuDNN sets up every new convolution shape once per process). Each variant runs in its own fresh
@@ -22,7 +23,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from results_file import write_result  # noqa: E402
 
 BUCKETS = (1, 4, 8, 16, 32)
-VARIANTS = {"whole_bucket": 1 << 30, "images_per_conv_4": 4}
+VARIANTS = {"whole_bucket": 1 << 30, "images_per_conv_4": 4, "images_per_conv_8": 8}
 
 
 def child(images_per_conv: int) -> dict:
