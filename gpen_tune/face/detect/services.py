@@ -55,10 +55,11 @@ class DetectRequest:
 def call_summary(service: Any) -> dict[str, Any] | None:
     """A batching service's calls, images, largest call, calls by their size and busy seconds (None for a detector
     that does not count them): whether detection kept up, and how many batch sizes a run met."""
-    sizes = getattr(service, "sizes", None)
+    own = getattr(service, "__dict__", {})      # its own attributes: a lazy detector's forwarding would build it
+    sizes = own.get("sizes")
     if sizes is None:
         return None
-    busy = getattr(service, "busy_s", None)
+    busy = own.get("busy_s")
     return {"calls": service.calls, "images": service.images, "largest": service.largest,
             "calls_by_size": {str(k): v for k, v in sorted(sizes.items())},
             "busy_s": None if busy is None else round(busy, 4)}
