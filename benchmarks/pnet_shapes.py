@@ -1,11 +1,14 @@
 """The detector's P-Net plans: what a plan's first (eager) batch costs per batch bucket, with the convolutions on the
-whole bucket per call against at most 4 (the default, `IMAGES_PER_CONV`) or 8 images per call, and what a replay
-costs.
+whole bucket per call (the library's form) against at most 4 or 8 images per call (so that every larger bucket
+meets the same convolution shapes), and what a replay costs.
 
 Why: a 1080p video's detector thread spent half its samples in the first batch of each new plan, mostly inside
 convolution calls (cuDNN sets up every new convolution shape once per process). Each variant runs in its own fresh
 process on the 1,024 x 576 canvas of a 1080p frame at det_size 1,024: buckets 1, 4, 8, 16, 32 in turn, each
 bucket's first batch timed (eager, the set-up included), then its steady replay (CUDA graph) timed.
+Found (H100, 20261206-135959_pnet_shapes.json): the capped forms save 30-100 ms on a new bucket's first batch but
+capture slower (4 images: 290 ms at bucket 32 against 61) and replay slower (27.0 against 19.1 ms at bucket 32);
+the first batch of the first plan costs 0.8-1.0 s in every form. Not kept.
 
     python benchmarks/pnet_shapes.py            # benchmarks/results/<date>_pnet_shapes.json
 """
@@ -35,8 +38,25 @@ def child(images_per_conv: int) -> dict:
     from gpen_tune.face.detect.mtcnn_fixed import FixedCanvasPNet
 
     det = MTCNNDetector("cuda", det_size=1024)
-    fixed = FixedCanvasPNet(det.pnet, 1024, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS[0], MTCNN_PYRAMID_FACTOR,
-                            max_batch=32, images_per_conv=images_per_conv)
+    from gpen_tune.face.detect.mtcnn_batched import PNET_MAX_PIXELS, _Chunk
+
+    class CappedPNet(FixedCanvasPNet):
+        """The plan with at most `images_per_conv` images per P-Net call (the variant measured, not kept)."""
+
+        def _chunks(self, bucket, h, w, scales):
+            budget = PNET_MAX_PIXELS * 4 // self.dtype.itemsize
+            chunks, n = [], 0
+            for scale in scales:
+                level_h, level_w = int(h * scale + 1), int(w * scale + 1)
+                per_call = max(1, min(images_per_conv, budget // (level_h * level_w)))
+                for start in range(0, bucket, per_call):
+                    k = min(per_call, bucket - start)
+                    chunks.append(_Chunk(scale, n, n + k, level_h, level_w))
+                    n += k
+            return chunks
+
+    fixed = CappedPNet(det.pnet, 1024, MTCNN_MIN_FACE, MTCNN_STAGE_THRESHOLDS[0], MTCNN_PYRAMID_FACTOR,
+                       max_batch=32)
     frame = np.random.default_rng(0).integers(0, 255, (576, 1024, 3), dtype=np.uint8)
     torch.nn.functional.conv2d(torch.zeros(1, 3, 8, 8, device="cuda"), torch.zeros(1, 3, 3, 3, device="cuda"))
     torch.cuda.synchronize()

@@ -19,7 +19,7 @@ from gpen_tune.face.detect import (
     shrink_for_detection,
 )
 from gpen_tune.face.detect.mtcnn_batched import detect_mtcnn_batched, min_nms_host, pyramid_scales
-from gpen_tune.face.detect.mtcnn_fixed import IMAGES_PER_CONV, FixedCanvasPNet
+from gpen_tune.face.detect.mtcnn_fixed import FixedCanvasPNet
 from gpen_tune.ops.area_resize import integral
 from gpen_tune.ops.nms import grouped_nms
 
@@ -422,28 +422,6 @@ def test_fixed_canvas_runs_a_batch_on_the_smallest_canvas_that_holds_it():
     fixed.max_kept_bytes = fixed._slots[(1, 512, 1024)].nbytes()      # room for one plan: the older one goes
     with_fixed(small[:1], fixed)
     assert list(fixed._slots) == [(1, 512, 512)]
-
-
-def test_fixed_canvas_buckets_share_their_convolution_shapes():
-    """Every bucket from IMAGES_PER_CONV up runs P-Net's convolutions on the same input shapes (cuDNN sets up each
-    new shape once, so a new bucket costs no set-up), and still gives each image its own detections."""
-    fixed = fixed_pnet(side=256)
-    shapes: set[tuple[int, ...]] = set()
-    hook = fixed.pnet.conv1.register_forward_pre_hook(lambda _m, args: shapes.add(tuple(args[0].shape)))
-    face = np.ascontiguousarray(photo("astronaut")[:256, 128:384])
-    seen = {}
-    try:
-        for n in (4, 5, 16):
-            shapes.clear()
-            images = [face] + [np.zeros((200, 240, 3), np.uint8)] * (n - 1)
-            got = with_fixed(images, fixed)
-            seen[n] = set(shapes)
-            assert_identical(got, batched(images))
-    finally:
-        hook.remove()
-    assert sorted(k[0] for k in fixed._slots) == [4, 8, 16]       # three plans (buckets), one set of shapes
-    assert seen[4] == seen[5] == seen[16]
-    assert {s[0] for s in seen[16]} == {IMAGES_PER_CONV}
 
 
 def test_fixed_canvas_falls_back_for_what_it_cannot_hold():

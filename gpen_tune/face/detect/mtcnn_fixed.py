@@ -21,8 +21,6 @@ from gpen_tune.ops import area_resize as area_ops
 from gpen_tune.ops.area_resize import integral
 from gpen_tune.tune.cuda_graph import CAPTURE_LOCK, capture_stream
 
-IMAGES_PER_CONV = 4      # P-Net convolutions run on at most this many images (FixedCanvasPNet._chunks says why)
-
 
 class FixedCanvasPNet:
     """The P-Net stage for batches of images up to `side` x `side`, on a fixed canvas per (batch bucket, canvas
@@ -54,9 +52,8 @@ class FixedCanvasPNet:
 
     def __init__(self, pnet: torch.nn.Module, side: int, min_face: float, threshold: float, factor: float,
                  graphs: bool | None = None, max_batch: int = 32, area: area_ops.Impl = "auto",
-                 max_kept_bytes: int = MAX_KEPT_BYTES, images_per_conv: int = IMAGES_PER_CONV):
+                 max_kept_bytes: int = MAX_KEPT_BYTES):
         self.max_kept_bytes = int(max_kept_bytes)
-        self.images_per_conv = int(images_per_conv)
         self.buckets = tuple(b for b in self.BUCKETS if b < max_batch) + (int(max_batch),)
         self.pnet, self.side = pnet, int(side)
         self.step = -(-self.side // self.CANVAS_STEPS)
@@ -121,19 +118,12 @@ class FixedCanvasPNet:
 
     # -- plan ----------------------------------------------------------------------------------------------------
     def _chunks(self, bucket: int, h: int, w: int, scales: list[float]) -> list[_Chunk]:
-        """Per scale, the bucket's images on that scale's canvas, in calls of at most `images_per_conv` images and
-        PNET_MAX_PIXELS (float32).
-
-        Why few images per call: cuDNN sets up each new convolution shape on its first call, and a plan's first
-        batch runs eagerly. With calls of the whole bucket, every new bucket of a canvas paid that set-up again for
-        each scale's shapes: half of a 1080p video's detector thread went there (py-spy, H100). With calls of at
-        most 4 images, every bucket from 4 up meets the same shapes; inside a graph replay the extra launches
-        cost next to nothing."""
+        """Per scale, the bucket's images on that scale's canvas, in calls of at most PNET_MAX_PIXELS (float32)."""
         budget = PNET_MAX_PIXELS * 4 // self.dtype.itemsize
         chunks, n = [], 0
         for scale in scales:
             level_h, level_w = int(h * scale + 1), int(w * scale + 1)
-            per_call = max(1, min(self.images_per_conv, budget // (level_h * level_w)))
+            per_call = max(1, budget // (level_h * level_w))
             for start in range(0, bucket, per_call):
                 k = min(per_call, bucket - start)
                 chunks.append(_Chunk(scale, n, n + k, level_h, level_w))
