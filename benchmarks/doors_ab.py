@@ -5,7 +5,8 @@ set of inputs, so a code change is measured against its baseline in one run (A/B
 
 Each round runs every checkout once in the order given; round 1 of the first checkout also fills the kernel caches
 (one cache folder for all), so compare rounds 2 and later. One JSON `<date>_doors_ab_<gpu or cpu>.json` with each
-run's figures (folder faces/s, generator busy, detect time per image summed over threads, video fps, wall).
+run's figures (folder faces/s, generator busy, detect time per image summed over threads, video fps, wall), rewritten
+after each run (`complete` false until the last), so a run cut short keeps what it measured.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from doors import ROOT, SOLVAY, busy_share, environment, make_inputs, sizes, user_runs  # noqa: E402
-from results_file import write_result  # noqa: E402
+from results_file import result_path, write_at  # noqa: E402
 
 
 def figures(name: str, run: dict) -> dict:
@@ -71,7 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     inputs = make_inputs(work, sz, args.image)
     only = set(args.only.split(","))
     codes = [c.resolve() for c in args.code]
-    rounds = []
+    rounds: list[dict] = []
+    result = {"benchmark": "doors_ab", "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+              "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "environment": environment(),
+              "device": device.type, "sizes": sz, "codes": [str(c) for c in codes], "only": sorted(only),
+              "folder": inputs["folder_info"], "complete": False, "runs": rounds}
+    name = ((result["environment"].get("gpu") if device.type == "cuda" else None) or "cpu").replace(" ", "-")
+    tag = f"_{args.tag}" if args.tag else ""
+    path = result_path(args.out, f"doors_ab_{name}{tag}")
     for r in range(args.rounds):
         for code in codes:
             runs = user_runs(inputs, sz, device.type, shlex.split(args.extra), code, only)
@@ -79,14 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             row |= {name: figures(name, run) for name, run in runs.items() if name != "imports"}
             rounds.append(row)
             print(json.dumps(row), flush=True)
-    result = {"benchmark": "doors_ab", "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-              "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "environment": environment(),
-              "device": device.type, "sizes": sz, "codes": [str(c) for c in codes], "only": sorted(only),
-              "folder": inputs["folder_info"], "runs": rounds}
+            write_at(path, result)              # each finished run kept, should the rest be cut short
     shutil.rmtree(work, ignore_errors=True)
-    name = ((result["environment"].get("gpu") if device.type == "cuda" else None) or "cpu").replace(" ", "-")
-    tag = f"_{args.tag}" if args.tag else ""
-    print(f"wrote {write_result(args.out, f'doors_ab_{name}{tag}', result)}")
+    result["complete"] = True
+    print(f"wrote {write_at(path, result)}")
     return 0
 
 

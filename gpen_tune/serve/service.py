@@ -123,21 +123,29 @@ class Service:
         has its queued faces dropped."""
         self.check_ready()
         deadline = time.monotonic() + self.limits.request_timeout_s
-        folder = Path(tempfile.mkdtemp(dir=self.work_dir))
+        # the request's files are written, read and removed in worker threads: never on the event loop
+        folder = Path(await run_in_threadpool(tempfile.mkdtemp, dir=self.work_dir))
         try:
-            src = folder / f"input.{ext}"
-            src.write_bytes(data)
-            prepared = await _within(run_in_threadpool(self._prepare, src, name, options), deadline)
+            prepared = await _within(run_in_threadpool(self._write_and_prepare, folder, data, ext, name, options),
+                                     deadline)
             try:
                 ticket = self.batcher.submit(prepared)
             except QueueFull as e:
                 raise HttpRefusal(503, f"busy: {e}", {"Retry-After": "1"}) from None
             await self._wait(ticket, deadline, disconnected)
-            path = await run_in_threadpool(self.steps.finish, prepared, folder / "out", options.ext)
-            return Restored(path.read_bytes(), path.suffix.lstrip("."), prepared.faces,
-                            dict(prepared.timings))
+            body, out_ext = await run_in_threadpool(self._finish, prepared, folder, options.ext)
+            return Restored(body, out_ext, prepared.faces, dict(prepared.timings))
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
+            await asyncio.shield(asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, folder, True))
+
+    def _finish(self, prepared: Any, folder: Path, ext: str | None) -> tuple[bytes, str]:
+        path = self.steps.finish(prepared, folder / "out", ext)
+        return path.read_bytes(), path.suffix.lstrip(".")
+
+    def _write_and_prepare(self, folder: Path, data: bytes, ext: str, name: str, options: RequestOptions):
+        path = folder / f"input.{ext}"
+        path.write_bytes(data)
+        return self._prepare(path, name, options)
 
     def _prepare(self, path: Path, name: str, options: RequestOptions):
         try:

@@ -45,7 +45,7 @@ from gpen_tune.ops.transfer import to_device_async
 PNET_MAX_PIXELS = 16 * 1024 * 1024   # canvas pixels per P-Net call (~150 B/px of activations: ~2.5 GB)
 CROPS_PER_CALL = 8192                # boxes per R-Net / O-Net call
 NMS_MAX_BOXES = 32768                # P-Net candidates per NMS call (CUDA nms keeps an N x N bit mask: 128 MiB)
-ROWS_ALIGN = 64                      # GPU: R-Net / O-Net batches are padded to a power of two >= this (_run_chunked)
+ROWS_ALIGN = 64                      # GPU: R-Net / O-Net batches are padded to a multiple of this (_run_chunked)
 _NORM_MEAN, _NORM_SCALE = 127.5, 0.0078125
 _STRIDE, _CELL = 2, 12               # P-Net: one 12x12 window every 2 px
 
@@ -429,20 +429,18 @@ def pnet_forward(pnet: torch.nn.Module, x: torch.Tensor, heights: torch.Tensor, 
 
 def _run_chunked(net: torch.nn.Module, inputs, n: int) -> tuple[torch.Tensor, ...]:
     """net(inputs(a, z)) over boxes a..z-1 in chunks of CROPS_PER_CALL boxes (crops are cut per chunk, so a huge
-    candidate set cannot exhaust memory); off the CPU each chunk is padded to a power of two of at least ROWS_ALIGN
-    rows.
+    candidate set cannot exhaust memory); off the CPU each chunk is padded to a multiple of ROWS_ALIGN rows.
 
     The padding keeps every box's result independent of how many boxes share the call: BLAS/conv libraries take
     other code paths (other summation orders) for small batches (measured on CPU: below 16 rows), and a float32
-    ULP change of a landmark can change restored pixels downstream. Powers of two (not multiples of ROWS_ALIGN)
-    because cuDNN sets up every new shape on its first call: a run then meets a handful of shapes, not one per
-    candidate count. On a GPU the padded rows of these small networks cost next to nothing; on the CPU they cost
-    ~30% of a detection, and the CPU detector does not mix images of different sizes anyway.
+    ULP change of a landmark can change restored pixels downstream. On a GPU the padded rows cost nothing; on the
+    CPU they cost ~30% of a detection, and the CPU detector does not mix images of different sizes anyway.
     """
     outs = []
     for i in range(0, max(n, 1), CROPS_PER_CALL):
         part = inputs(i, min(n, i + CROPS_PER_CALL))
-        rows = max(1, len(part)) if part.device.type == "cpu" else max(ROWS_ALIGN, 1 << (len(part) - 1).bit_length())
+        align = 1 if part.device.type == "cpu" else ROWS_ALIGN
+        rows = max(align, -(-len(part) // align) * align)
         if rows != len(part):
             part = torch.cat([part, part.new_zeros((rows - len(part), *part.shape[1:]))])
         outs.append(net(part))
