@@ -41,6 +41,12 @@ def bucket_floor(n: int, limit: int = BUCKETS[-1]) -> int:
     return max(b for b in BUCKETS if b <= cap)
 
 
+def sizes_up_to(limit: int) -> tuple[int, ...]:
+    """The batch sizes a forward that pads to buckets runs at (Restorer.padded_size): the buckets below `limit`,
+    then `limit` itself."""
+    return tuple(b for b in BUCKETS if b < limit) + (int(limit),)
+
+
 def bucket_ceil(n: int) -> int:
     """Smallest bucket >= n; n above the largest bucket is an error (the caller splits first)."""
     for b in BUCKETS:

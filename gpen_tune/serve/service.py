@@ -136,7 +136,7 @@ class Service:
             body, out_ext = await run_in_threadpool(self._finish, prepared, folder, options.ext)
             return Restored(body, out_ext, prepared.faces, dict(prepared.timings))
         finally:
-            await asyncio.shield(asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, folder, True))
+            await asyncio.shield(run_in_threadpool(shutil.rmtree, folder, True))
 
     def _finish(self, prepared: Any, folder: Path, ext: str | None) -> tuple[bytes, str]:
         path = self.steps.finish(prepared, folder / "out", ext)

@@ -32,7 +32,7 @@ from gpen_tune.pipeline.settings import EnhanceSettings
 from gpen_tune.pipeline.sinks import FileSink
 from gpen_tune.pipeline.steps import Steps as PipelineSteps
 from gpen_tune.pipeline.threads import SWITCH_INTERVAL_S
-from gpen_tune.restore.buckets import BUCKETS
+from gpen_tune.restore.buckets import sizes_up_to
 from gpen_tune.tune.hardware import usable_cores
 
 VIDEO_EXTS = VIDEO_OUTPUTS              # what a video job may be written as
@@ -171,7 +171,7 @@ class Steps:
             self.detector().detect([np.full((64, 64, 3), 128, np.uint8)])
         size = self.pipeline.size
         inner = self.pipeline.restorer                   # the setting lives on the restorer, not on the lock's wrapper
-        sizes = [b for b in BUCKETS if b < inner.limit] + [inner.limit]
+        sizes = sizes_up_to(inner.limit)
         if inner.one_shape:
             inner.pad_to_buckets = True             # each size padded_size gives is warmed below
         grey = np.full((size, size, 3), 128, np.uint8)
