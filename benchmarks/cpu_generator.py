@@ -22,6 +22,7 @@ relative IQR of each, the load average before and after, PSNR vs fp32 and the co
     python benchmarks/cpu_generator.py --variants upstream,fused-bf16,preset-cpu,ort-fp32,ort-fp32-basic,ort-fp32-1t
     python benchmarks/cpu_generator.py --variants upstream,fused-bf16,onednn-bf16,preset-cpu --repeats 15
     python benchmarks/cpu_generator.py --variants upstream,fused-bf16,preset-cpu --profile fused-bf16,preset-cpu
+    python benchmarks/cpu_generator.py --variants upstream,preset-cpu --block 5 --repeats 9 --isolate 4
 `--profile`: after the timed calls, torch.profiler over 5 more calls of each named variant; the JSON gets its self
 CPU time per call by kind of operator (where the time goes) and its 12 largest operators.
 """
@@ -36,6 +37,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -160,8 +162,13 @@ def main() -> None:
     ap.add_argument("--variants", default="upstream,fp32,bf16,fused-bf16,preset-cpu,ort-fp32")
     ap.add_argument("--block", type=int, default=1, help="calls of one variant back to back in each round")
     ap.add_argument("--profile", default="", help="variants to profile after the timing (comma-separated)")
+    ap.add_argument("--isolate", type=int, default=0, metavar="ROUNDS",
+                    help="each variant alone in a fresh process (as a user runs it), ROUNDS rounds, order reversed "
+                         "every other round; one JSON with every process's rows")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args()
+    if args.isolate:
+        return isolated(args)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     load_before = os.getloadavg()
@@ -204,6 +211,47 @@ def main() -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1, default=str))
     tmp.rename(path)
+    print(path)
+
+
+def isolated(args: argparse.Namespace) -> None:
+    """`--isolate`: no variant shares a process (so none starts from caches or a heap another one left), the
+    processes alternate; the speed-ups are per round (each variant against upstream's process of that round)."""
+    names = args.variants.split(",")
+    rounds = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.isolate):
+            row = {}
+            for name in names if r % 2 == 0 else names[::-1]:
+                cmd = [sys.executable, __file__, "--model", args.model, "--weights", args.weights, "--repeats",
+                       str(args.repeats), "--threads", str(args.threads), "--block", str(args.block), "--variants",
+                       name, "--out", str(Path(tmp) / f"{r}-{name}")]
+                subprocess.run(cmd, check=True, capture_output=True, text=True)
+                (made,) = (Path(tmp) / f"{r}-{name}").glob("*.json")
+                row[name] = json.loads(made.read_text())["rows"][name]
+            if "upstream" in row:
+                for one in row.values():
+                    one["speedup_vs_upstream_wall"] = row["upstream"]["ms_per_face_wall"] / one["ms_per_face_wall"]
+            print(f"round {r + 1}: " + "  ".join(
+                f"{n} {one['ms_per_face_wall']:.1f} ms" + (f" ({one['speedup_vs_upstream_wall']:.2f}x)"
+                                                          if "speedup_vs_upstream_wall" in one else "")
+                for n, one in row.items()), flush=True)
+            rounds.append(row)
+    result = {
+        "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "model": args.model, "weights": args.weights, "batch": 1, "threads": args.threads, "repeats": args.repeats,
+        "block": args.block, "isolated": "each variant alone in a fresh process per round, order reversed every "
+                                         "other round",
+        "cpu": platform.processor() or platform.machine(), "capabilities": cpu_capabilities().__dict__,
+        "torch": torch.__version__, "uptime": _uptime(), "rounds": rounds,
+        "speedup_vs_upstream_wall": {n: [row[n].get("speedup_vs_upstream_wall") for row in rounds] for n in names},
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    path = args.out / f"{stamp}_cpu_generator_{args.model}_isolated.json"
+    tmp_path = path.with_suffix(".tmp")
+    tmp_path.write_text(json.dumps(result, indent=1, default=str))
+    tmp_path.rename(path)
     print(path)
 
 
