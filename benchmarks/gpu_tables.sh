@@ -60,7 +60,7 @@ case "$PART" in
                    --images 2000 --model GPEN-BFR-512 --out "$DEST" ;;
   serve)         run timeout 590 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
                    --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 64 --rounds 1 \
-                   --batch-size 64 --max-wait-ms 5 --out "$DEST" \
+                   --batch-size 64 --max-wait-ms 5 --client-ceiling --out "$DEST" \
                    ${PYSPY:+--py-spy "$DEST/serve-server.folded"}
                  run timeout 590 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
                    --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 64 --rounds 1 \

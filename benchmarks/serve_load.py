@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import multiprocessing
 import os
 import platform
 import socket
@@ -32,6 +33,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -42,6 +44,7 @@ from results_file import write_result  # noqa: E402
 from timing import Stopwatch, py_spy  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+CLIENTS_PER_PROCESS = 8      # client threads per load process by default (see run_phase)
 
 
 def photos(count: int) -> list[bytes]:
@@ -77,14 +80,14 @@ def server_timing(header: str) -> list[tuple[str, float]]:
     return out
 
 
-def run_phase(url: str, bodies: list[bytes], clients: int) -> dict:
-    """Every body once, from `clients` threads each with its own connection; latencies and counts."""
+def _client_process(url: str, bodies: list[bytes], indices: list[int], threads: int, go: Any, out: Any) -> None:
+    """One client process: `threads` threads, each with its own connection, send the bodies named by `indices`
+    once `go` is set; (latencies, Server-Timing steps, errors, this process's CPU seconds) go to `out`."""
     latencies: list[float] = []
-    steps: dict[str, list[float]] = {}             # the responses' Server-Timing, ms per step
+    steps: dict[str, list[float]] = {}
     errors: list[str] = []
     lock = threading.Lock()
-    todo = iter(range(len(bodies)))
-    calls0, faces0 = metric(url, "gpen_serve_generator_calls_total"), metric(url, "gpen_serve_faces_total")
+    todo = iter(indices)
 
     def client() -> None:
         with httpx.Client(timeout=600) as http:
@@ -102,22 +105,55 @@ def run_phase(url: str, bodies: list[bytes], clients: int) -> dict:
                     for name, ms in server_timing(r.headers.get("Server-Timing", "")):
                         steps.setdefault(name, []).append(ms)
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
+    pool = [threading.Thread(target=client) for _ in range(threads)]
+    go.wait()
+    cpu0 = time.process_time()
+    for th in pool:
+        th.start()
+    for th in pool:
+        th.join()
+    out.put((latencies, steps, errors, time.process_time() - cpu0))
+
+
+def run_phase(url: str, bodies: list[bytes], clients: int, processes: int = 1) -> dict:
+    """Every body once, from `clients` threads (each with its own connection) spread over `processes` client
+    processes, so that the load generator is not what sets the pace: against a server that answers at once
+    (`--client-ceiling`), 64 clients in one process made 505 requests/s at 3.4 ms of client CPU each, in 8
+    processes 749 at 2.3 ms, on 2 cores shared with that server (20261206-161004_serve_load_cpu_GPEN-BFR-256_k64.json).
+    Latencies and counts."""
+    processes = max(1, min(processes, clients))
+    calls0, faces0 = metric(url, "gpen_serve_generator_calls_total"), metric(url, "gpen_serve_faces_total")
+    ctx = multiprocessing.get_context("fork")        # this process has no threads of its own: forking is safe
+    go, out = ctx.Event(), ctx.Queue()
+    children = [ctx.Process(target=_client_process, daemon=True,
+                            args=(url, bodies, list(range(p, len(bodies), processes)),
+                                  clients // processes + (p < clients % processes), go, out))
+                for p in range(processes)]
+    for child in children:
+        child.start()
     with Stopwatch() as phase:
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        go.set()
+        parts = [out.get() for _ in children]
+    for child in children:
+        child.join()
     wall = phase.seconds
+    latencies = [x for part in parts for x in part[0]]
+    steps: dict[str, list[float]] = {}
+    for part in parts:
+        for name, values in part[1].items():
+            steps.setdefault(name, []).extend(values)
+    errors = [e for part in parts for e in part[2]]
+    client_cpu = sum(part[3] for part in parts)
     calls = metric(url, "gpen_serve_generator_calls_total") - calls0
     faces = metric(url, "gpen_serve_faces_total") - faces0
     q = np.percentile(latencies, [50, 95, 99])
-    return {"clients": clients, "requests": len(bodies), "errors": len(errors), "first_errors": errors[:3],
-            "wall_s": round(wall, 3), "requests_per_s": round(len(bodies) / wall, 3),
+    return {"clients": clients, "client_processes": processes, "requests": len(bodies), "errors": len(errors),
+            "first_errors": errors[:3], "wall_s": round(wall, 3), "requests_per_s": round(len(bodies) / wall, 3),
             "faces_per_s": round(faces / wall, 3), "faces": faces, "generator_calls": calls,
             "faces_per_generator_call": round(faces / calls, 3) if calls else None,
             "latency_s": {"p50": round(float(q[0]), 4), "p95": round(float(q[1]), 4), "p99": round(float(q[2]), 4),
                           "mean": round(statistics.mean(latencies), 4)},
+            "client_cpu_ms_per_request": round(client_cpu * 1000 / len(bodies), 3),
             "server_timing_mean_ms": {k: round(statistics.mean(v), 1) for k, v in steps.items()},
             "latencies": [round(x, 4) for x in latencies]}
 
@@ -129,17 +165,39 @@ def _pooled(phases: list[dict]) -> dict:
     calls = sum(p["generator_calls"] for p in phases)
     latencies = [x for p in phases for x in p["latencies"]]
     q = np.percentile(latencies, [50, 95, 99])
-    return {"clients": phases[0]["clients"], "requests": requests, "errors": sum(p["errors"] for p in phases),
+    client_cpu = sum(p["client_cpu_ms_per_request"] * p["requests"] for p in phases) / requests
+    return {"clients": phases[0]["clients"], "client_processes": phases[0]["client_processes"], "requests": requests,
+            "errors": sum(p["errors"] for p in phases), "client_cpu_ms_per_request": round(client_cpu, 3),
             "wall_s": round(wall, 3), "requests_per_s": round(requests / wall, 3),
             "faces_per_s": round(faces / wall, 3), "faces": faces, "generator_calls": calls,
             "faces_per_generator_call": round(faces / calls, 3) if calls else None,
             "latency_s": {"p50": round(float(q[0]), 4), "p95": round(float(q[1]), 4), "p99": round(float(q[2]), 4)}}
 
 
-def start_server(args: argparse.Namespace, spool: Path) -> tuple[subprocess.Popen, str]:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def wait_ready(proc: subprocess.Popen, url: str, cmd: list[str], log: Path | None) -> None:
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log is not None else ""
+            raise SystemExit(f"{' '.join(cmd)} exited with {proc.returncode}\n{tail}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"{' '.join(cmd)} did not become ready")
+
+
+def start_server(args: argparse.Namespace, spool: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
     cmd = [sys.executable, "-m", "gpen_tune", "serve", "--port", str(port), "--spool", str(spool),
            "--model", args.model, "--weights", args.weights, "--device", args.device, "--detector", args.detector,
            "--max-wait-ms", str(args.max_wait_ms), "--max-queue-faces", str(max(256, 4 * args.clients))]
@@ -158,19 +216,29 @@ def start_server(args: argparse.Namespace, spool: Path) -> tuple[subprocess.Pope
         # run in the checkout: `python -m` puts its working folder first on sys.path, ahead of PYTHONPATH
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=code)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-2000:]
-            raise SystemExit(f"gpen-tune serve exited with {proc.returncode}: {' '.join(cmd)}\n{tail}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("gpen-tune serve did not become ready")
+    wait_ready(proc, url, cmd, log)
+    return proc, url
+
+
+def client_ceiling(bodies: list[bytes], clients: int, processes: int) -> dict:
+    """The load generator's own limit: requests like the run's against `loopback_echo.py` (answers at once), with this
+    run's client processes and, for comparison, with all clients in one process."""
+    port = free_port()
+    cmd = [sys.executable, str(Path(__file__).with_name("loopback_echo.py")), str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(proc, url, cmd, None)
+        out = {}
+        for p in sorted({processes, 1}, reverse=True):
+            phase = run_phase(url, bodies, clients, p)
+            out[f"{p}_processes"] = {k: phase[k] for k in ("clients", "client_processes", "requests", "wall_s",
+                                                            "requests_per_s", "client_cpu_ms_per_request",
+                                                            "latency_s")}
+        return out
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
 
 
 def main() -> None:
@@ -189,6 +257,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=32, help="requests of the K-client phase")
     ap.add_argument("--sequential-requests", type=int, default=None, help="of each one-at-a-time phase "
                     "(default: --requests)")
+    ap.add_argument("--client-processes", type=int, default=None, help="processes the K clients are spread over "
+                    "(default: one per 8 clients)")
+    ap.add_argument("--client-ceiling", action="store_true", help="first measure the load generator's own limit: "
+                    "the K-client phase against a loopback server that answers at once (benchmarks/loopback_echo.py)")
     ap.add_argument("--rounds", type=int, default=2, help="K-client phases, each followed by a one-at-a-time "
                     "phase (the run starts with one)")
     ap.add_argument("--warmup", type=int, default=4, help="requests sent first, not counted")
@@ -201,6 +273,14 @@ def main() -> None:
     args = ap.parse_args()
     seq_n = args.sequential_requests or args.requests
     bodies = photos(max(args.requests, seq_n))
+    processes = args.client_processes or -(-args.clients // CLIENTS_PER_PROCESS)
+    ceiling = None
+    if args.client_ceiling:                      # at least 16 requests a client: long enough to be a rate
+        ceiling = client_ceiling(photos(max(args.requests, 16 * args.clients)), args.clients, processes)
+    if ceiling is not None:
+        for name, c in ceiling.items():
+            print(f"client ceiling ({name.replace('_', ' ')}): {c['requests_per_s']:.1f} req/s, client CPU "
+                  f"{c['client_cpu_ms_per_request']:.2f} ms/request", flush=True)
     spool = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpen-serve-load-{os.getpid()}"
     proc, url = start_server(args, spool)
     spy = None                                    # py-spy attached to the ready server; it writes when the server ends
@@ -213,7 +293,7 @@ def main() -> None:
         run_phase(url, bodies[: args.warmup], min(args.clients, args.warmup))
         phases = {"one_at_a_time_0": run_phase(url, bodies[:seq_n], 1)}
         for r in range(1, args.rounds + 1):
-            phases[f"concurrent_{r}"] = run_phase(url, bodies[: args.requests], args.clients)
+            phases[f"concurrent_{r}"] = run_phase(url, bodies[: args.requests], args.clients, processes)
             phases[f"one_at_a_time_{r}"] = run_phase(url, bodies[:seq_n], 1)
     finally:
         proc.terminate()
@@ -227,7 +307,7 @@ def main() -> None:
     kinds = {kind: _pooled([p for name, p in phases.items() if name.startswith(kind)])
              for kind in ("one_at_a_time", "concurrent")}
     given = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    result = {"benchmark": "serve_load", "args": given, "phases": phases, "pooled": kinds,
+    result = {"benchmark": "serve_load", "args": given, "client_ceiling": ceiling, "phases": phases, "pooled": kinds,
               "server_generator_calls": workers,
               "throughput_ratio": round(kinds["concurrent"]["requests_per_s"]
                                         / kinds["one_at_a_time"]["requests_per_s"], 3),
@@ -238,6 +318,7 @@ def main() -> None:
         print(f"{name:20s} {p['clients']:3d} clients  {p['requests_per_s']:7.2f} req/s  {p['faces_per_s']:7.2f} "
               f"faces/s  p50 {p['latency_s']['p50'] * 1000:7.0f} ms  p95 {p['latency_s']['p95'] * 1000:7.0f} ms  "
               f"p99 {p['latency_s']['p99'] * 1000:7.0f} ms  faces/call {p['faces_per_generator_call']}  "
+              f"client CPU {p['client_cpu_ms_per_request']:.2f} ms/request in {p['client_processes']} processes  "
               f"errors {p['errors']}")
     for name, p in phases.items():
         print(f"{name:20s} Server-Timing mean ms: {p['server_timing_mean_ms']}")
