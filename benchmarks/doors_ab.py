@@ -2,9 +2,11 @@
 set of inputs, so a code change is measured against its baseline in one run (A/B/A/B ...).
 
     python benchmarks/doors_ab.py --code ../before --code . --only folder --rounds 2
+    python benchmarks/doors_ab.py --code ../before --code . --only one_photo_cold,one_photo_warm_cache --fresh-caches
 
 Each round runs every checkout once in the order given; round 1 of the first checkout also fills the kernel caches
-(one cache folder for all), so compare rounds 2 and later. One JSON `<date>_doors_ab_<gpu or cpu>.json` with each
+(one cache folder for all), so compare rounds 2 and later; with `--fresh-caches` each checkout's runs start from empty
+caches (its one_photo_cold is a first-ever run in every round). One JSON `<date>_doors_ab_<gpu or cpu>.json` with each
 run's figures (folder faces/s, generator busy, detect time per image summed over threads, video fps, wall), rewritten
 after each run (`complete` false until the last), so a run cut short keeps what it measured.
 """
@@ -61,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     ap.add_argument("--image", type=Path, default=SOLVAY)
     ap.add_argument("--extra", default="", help="extra enhance options for every CLI run (quoted)")
+    ap.add_argument("--fresh-caches", action="store_true", help="empty the kernel caches before every checkout's "
+                    "runs: each one_photo_cold is a first-ever run (compare every round)")
     ap.add_argument("--tag", default="")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
@@ -82,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     path = result_path(args.out, f"doors_ab_{name}{tag}")
     for r in range(args.rounds):
         for code in codes:
+            if args.fresh_caches:
+                shutil.rmtree(work / "kernel-caches", ignore_errors=True)
             runs = user_runs(inputs, sz, device.type, shlex.split(args.extra), code, only)
             row = {"round": r + 1, "code": str(code), "imports_s": runs["imports"]["wall_s"]}
             row |= {name: figures(name, run) for name, run in runs.items() if name != "imports"}
