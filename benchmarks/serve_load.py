@@ -6,7 +6,9 @@ Reports requests/s, faces/s, p50/p95/p99 latency and faces per generator call (f
 phase and per kind over all rounds, and the ratio of the K-client throughput to the one-at-a-time throughput
 (requests over wall time, all phases of a kind together); the JSON goes to benchmarks/results/
 (results_file.write_result). Requests are single-face photos built from the bundled ones
-(JPEG, as users send them).
+(JPEG, as users send them). Per phase also the CPU time per request of the clients (spread over processes, one per
+8 clients, so that their own GIL does not set the pace) and of the server's processes (`server_cores_busy`: how many
+cores the service kept busy), and with `--client-ceiling` the load generator's own limit.
 
 CPU, as measured here (2 cores; `--generator-calls 1` for the server's earlier one call at a time):
     python benchmarks/serve_load.py --device cpu --model GPEN-BFR-256 --weights synthetic --clients 4 \\
@@ -115,7 +117,24 @@ def _client_process(url: str, bodies: list[bytes], indices: list[int], threads: 
     out.put((latencies, steps, errors, time.process_time() - cpu0))
 
 
-def run_phase(url: str, bodies: list[bytes], clients: int, processes: int = 1) -> dict:
+def process_tree_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) of process `pid` and its direct children so far (the service and, with
+    --detector-process, its detector process), from /proc; 0 where unreadable."""
+    if pid is None:
+        return 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat.parent.name) == pid or int(fields[1]) == pid:     # fields[1]: the parent's pid
+            total += (int(fields[11]) + int(fields[12])) / tick           # utime, stime
+    return total
+
+
+def run_phase(url: str, bodies: list[bytes], clients: int, processes: int = 1, server_pid: int | None = None) -> dict:
     """Every body once, from `clients` threads (each with its own connection) spread over `processes` client
     processes, so that the load generator is not what sets the pace: against a server that answers at once
     (`--client-ceiling`), 64 clients in one process made 505 requests/s at 3.4 ms of client CPU each, in 8
@@ -131,9 +150,11 @@ def run_phase(url: str, bodies: list[bytes], clients: int, processes: int = 1) -
                 for p in range(processes)]
     for child in children:
         child.start()
+    server_cpu0 = process_tree_cpu_s(server_pid)
     with Stopwatch() as phase:
         go.set()
         parts = [out.get() for _ in children]
+    server_cpu = process_tree_cpu_s(server_pid) - server_cpu0
     for child in children:
         child.join()
     wall = phase.seconds
@@ -154,6 +175,8 @@ def run_phase(url: str, bodies: list[bytes], clients: int, processes: int = 1) -
             "latency_s": {"p50": round(float(q[0]), 4), "p95": round(float(q[1]), 4), "p99": round(float(q[2]), 4),
                           "mean": round(statistics.mean(latencies), 4)},
             "client_cpu_ms_per_request": round(client_cpu * 1000 / len(bodies), 3),
+            "server_cpu_ms_per_request": round(server_cpu * 1000 / len(bodies), 3) if server_pid else None,
+            "server_cores_busy": round(server_cpu / wall, 2) if server_pid else None,
             "server_timing_mean_ms": {k: round(statistics.mean(v), 1) for k, v in steps.items()},
             "latencies": [round(x, 4) for x in latencies]}
 
@@ -166,8 +189,11 @@ def _pooled(phases: list[dict]) -> dict:
     latencies = [x for p in phases for x in p["latencies"]]
     q = np.percentile(latencies, [50, 95, 99])
     client_cpu = sum(p["client_cpu_ms_per_request"] * p["requests"] for p in phases) / requests
+    server_cpu = sum((p.get("server_cpu_ms_per_request") or 0.0) * p["requests"] for p in phases) / requests
     return {"clients": phases[0]["clients"], "client_processes": phases[0]["client_processes"], "requests": requests,
             "errors": sum(p["errors"] for p in phases), "client_cpu_ms_per_request": round(client_cpu, 3),
+            "server_cpu_ms_per_request": round(server_cpu, 3), "server_cores_busy": round(server_cpu * requests / 1000
+                                                                                          / wall, 2),
             "wall_s": round(wall, 3), "requests_per_s": round(requests / wall, 3),
             "faces_per_s": round(faces / wall, 3), "faces": faces, "generator_calls": calls,
             "faces_per_generator_call": round(faces / calls, 3) if calls else None,
@@ -291,10 +317,10 @@ def main() -> None:
     try:
         workers = int(metric(url, "gpen_serve_generator_workers"))
         run_phase(url, bodies[: args.warmup], min(args.clients, args.warmup))
-        phases = {"one_at_a_time_0": run_phase(url, bodies[:seq_n], 1)}
+        phases = {"one_at_a_time_0": run_phase(url, bodies[:seq_n], 1, server_pid=proc.pid)}
         for r in range(1, args.rounds + 1):
-            phases[f"concurrent_{r}"] = run_phase(url, bodies[: args.requests], args.clients, processes)
-            phases[f"one_at_a_time_{r}"] = run_phase(url, bodies[:seq_n], 1)
+            phases[f"concurrent_{r}"] = run_phase(url, bodies[: args.requests], args.clients, processes, proc.pid)
+            phases[f"one_at_a_time_{r}"] = run_phase(url, bodies[:seq_n], 1, server_pid=proc.pid)
     finally:
         proc.terminate()
         proc.wait(timeout=600)
@@ -319,6 +345,7 @@ def main() -> None:
               f"faces/s  p50 {p['latency_s']['p50'] * 1000:7.0f} ms  p95 {p['latency_s']['p95'] * 1000:7.0f} ms  "
               f"p99 {p['latency_s']['p99'] * 1000:7.0f} ms  faces/call {p['faces_per_generator_call']}  "
               f"client CPU {p['client_cpu_ms_per_request']:.2f} ms/request in {p['client_processes']} processes  "
+              f"server CPU {p.get('server_cpu_ms_per_request') or 0:.1f} ms/request  "
               f"errors {p['errors']}")
     for name, p in phases.items():
         print(f"{name:20s} Server-Timing mean ms: {p['server_timing_mean_ms']}")
