@@ -7,19 +7,24 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from gpen_tune.tune.options import TuneConfig
 
-if TYPE_CHECKING:  # amp imports this module
-    from gpen_tune.tune.amp import Fp32Reserve
-
 # each switch's "off" value: what `effective` holds for a skipped switch
 OFF_VALUES = {"act_checkpoint": False, "amp": "off", "fused": False, "onednn": False, "compile": None,
               "cuda_graph": False, "lazy_detector": False, "face_crop": False}
+
+
+class Reserve(Protocol):
+    """What the restorer's NaN fallback needs of a reserve (`amp.Fp32Reserve`, which imports this module)."""
+
+    exact: bool
+
+    def fp32_model(self, cast: nn.Module) -> nn.Module: ...
 
 
 @dataclass
@@ -38,7 +43,7 @@ class Applied:
     device: torch.device
     buckets: tuple[int, ...] = ()
     compile_backend: str | Callable = "inductor"
-    reserve: Fp32Reserve | None = None
+    reserve: Reserve | None = None
     skipped: dict[str, str] = field(default_factory=dict)
     log: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
