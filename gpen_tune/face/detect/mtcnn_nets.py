@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from gpen_tune.ops.max_pool import MaxPoolCeil  # nn.MaxPool2d(k, s, ceil_mode=True), the same values, faster
+
 WEIGHTS_PACKAGE = "facenet_pytorch"
 INSTALL_HINT = "pip install --no-deps facenet-pytorch==2.6.0"
 
@@ -27,7 +29,7 @@ class PNet(nn.Module):
     def __init__(self):
         super().__init__()
         self.conv1, self.prelu1 = nn.Conv2d(3, 10, 3), nn.PReLU(10)
-        self.pool1 = nn.MaxPool2d(2, 2, ceil_mode=True)
+        self.pool1 = MaxPoolCeil(2, 2)
         self.conv2, self.prelu2 = nn.Conv2d(10, 16, 3), nn.PReLU(16)
         self.conv3, self.prelu3 = nn.Conv2d(16, 32, 3), nn.PReLU(32)
         self.conv4_1 = nn.Conv2d(32, 2, 1)        # face / not-face logits
@@ -51,9 +53,9 @@ class RNet(nn.Module):
     def __init__(self):
         super().__init__()
         self.conv1, self.prelu1 = nn.Conv2d(3, 28, 3), nn.PReLU(28)
-        self.pool1 = nn.MaxPool2d(3, 2, ceil_mode=True)
+        self.pool1 = MaxPoolCeil(3, 2)
         self.conv2, self.prelu2 = nn.Conv2d(28, 48, 3), nn.PReLU(48)
-        self.pool2 = nn.MaxPool2d(3, 2, ceil_mode=True)
+        self.pool2 = MaxPoolCeil(3, 2)
         self.conv3, self.prelu3 = nn.Conv2d(48, 64, 2), nn.PReLU(64)
         self.dense4, self.prelu4 = nn.Linear(576, 128), nn.PReLU(128)
         self.dense5_1 = nn.Linear(128, 2)
@@ -74,11 +76,11 @@ class ONet(nn.Module):
     def __init__(self):
         super().__init__()
         self.conv1, self.prelu1 = nn.Conv2d(3, 32, 3), nn.PReLU(32)
-        self.pool1 = nn.MaxPool2d(3, 2, ceil_mode=True)
+        self.pool1 = MaxPoolCeil(3, 2)
         self.conv2, self.prelu2 = nn.Conv2d(32, 64, 3), nn.PReLU(64)
-        self.pool2 = nn.MaxPool2d(3, 2, ceil_mode=True)
+        self.pool2 = MaxPoolCeil(3, 2)
         self.conv3, self.prelu3 = nn.Conv2d(64, 64, 3), nn.PReLU(64)
-        self.pool3 = nn.MaxPool2d(2, 2, ceil_mode=True)
+        self.pool3 = MaxPoolCeil(2, 2)
         self.conv4, self.prelu4 = nn.Conv2d(64, 128, 2), nn.PReLU(128)
         self.dense5, self.prelu5 = nn.Linear(1152, 256), nn.PReLU(256)
         self.dense6_1 = nn.Linear(256, 2)
