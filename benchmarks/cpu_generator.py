@@ -38,7 +38,6 @@ import shlex
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import onnxruntime
@@ -47,6 +46,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from results_file import write_result  # noqa: E402
 from timing import Stopwatch, summary  # noqa: E402
 
 from gpen_tune.export.onnx import onnx_graph, ort_session  # noqa: E402
@@ -205,13 +205,7 @@ def main() -> None:
                  "wall time, much less CPU time)",
         "rows": rows,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    path = args.out / f"{stamp}_cpu_generator_{args.model}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1, default=str))
-    tmp.rename(path)
-    print(path)
+    print(write_result(args.out, f"cpu_generator_{args.model}", result))
 
 
 def isolated(args: argparse.Namespace) -> None:
@@ -246,13 +240,7 @@ def isolated(args: argparse.Namespace) -> None:
         "torch": torch.__version__, "uptime": _uptime(), "rounds": rounds,
         "speedup_vs_upstream_wall": {n: [row[n].get("speedup_vs_upstream_wall") for row in rounds] for n in names},
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    path = args.out / f"{stamp}_cpu_generator_{args.model}_isolated.json"
-    tmp_path = path.with_suffix(".tmp")
-    tmp_path.write_text(json.dumps(result, indent=1, default=str))
-    tmp_path.rename(path)
-    print(path)
+    print(write_result(args.out, f"cpu_generator_{args.model}_isolated", result))
 
 
 if __name__ == "__main__":

@@ -15,9 +15,10 @@ def result_path(out: Path, name: str) -> Path:
 
 
 def write_at(path: Path, result: dict) -> Path:
-    """`result` as JSON at `path`, through a temporary name (a benchmark may rewrite it as rounds finish)."""
+    """`result` as JSON at `path`, through a temporary name (a benchmark may rewrite it as rounds finish); values
+    JSON has no form for (paths, dtypes) are written as their text."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
+    tmp.write_text(json.dumps(result, indent=1, default=str))
     tmp.rename(path)
     return path
 

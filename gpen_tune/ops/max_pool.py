@@ -1,9 +1,10 @@
 """Max pooling with `ceil_mode=True` as strided maxima, for MTCNN's networks on the CPU.
 
 ATen's CPU `max_pool2d` always computes the argmax indices too (`max_pool2d_with_indices`) and is slow on NCHW
-tensors: on P-Net's first activation of a 660 px pyramid level, 23 ms where the maxima of shifted views take 6
-(one thread; `benchmarks/detector_cpu.py`). A maximum is exact in any order, so the values are those of
-`F.max_pool2d` to the bit (NaN included). Elsewhere (CUDA) the ATen op runs: its kernel is not the one measured.
+tensors: with the maxima of shifted views instead, MTCNN detects the Solvay photo in 334 ms instead of 481 on one
+thread (benchmarks/detector_cpu.py; benchmarks/RESULTS.md, "The face detector on the CPU"). A maximum is exact in
+any order, so the values are those of `F.max_pool2d` to the bit (NaN included). Elsewhere (CUDA) the ATen op runs:
+its kernel is not the one measured.
 """
 
 from __future__ import annotations
