@@ -190,6 +190,39 @@ def test_retinaface_weights_downloaded_into_cache(http_dir, tmp_path, monkeypatc
     assert RETINAFACE_WEIGHTS["retinaface_mobile0.25"][0] == cached.name
 
 
+def test_auto_remembers_an_unreachable_host(tmp_path, monkeypatch):
+    """An offline or firewalled machine pays `auto`'s reachability probe once per UNREACHABLE_MEMORY_S, not on every
+    run: a refused host is remembered in the cache folder (even after it comes up), and deleting the memory file,
+    as the notice says, probes again."""
+    import socket
+
+    from gpen_tune.face.detect.weights import UNREACHABLE_FILE, auto_retinaface_weights, reachable
+
+    monkeypatch.setenv("GPEN_TUNE_HOME", str(tmp_path / "home"))
+    with socket.socket() as s:                      # a port nobody listens on: connections are refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/detection_Resnet50_Final.pth"
+    path, reason = auto_retinaface_weights(url)
+    memory = tmp_path / "home" / "detectors" / UNREACHABLE_FILE
+    assert path is None and reason.startswith("127.0.0.1 is unreachable") and memory.is_file()
+    assert f"127.0.0.1:{port}" in memory.read_text()
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *a, **k: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        path, reason = auto_retinaface_weights(url)           # the host is up now, but remembered as down
+        assert path is None and "next probe in 60 min" in reason and str(memory) in reason
+        assert reachable(url, memory_s=0)                     # a probe finds it, and clears the memory
+        assert f"127.0.0.1:{port}" not in memory.read_text()
+        assert reachable(url)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_images_per_call_follow_the_memory_the_process_may_use():
     """The batched MTCNN takes fewer images per call where this process may use little GPU memory (a 4 GiB card,
     or a capped share of a big one): its working set grows with the images of a call."""

@@ -4,9 +4,11 @@ facenet-pytorch's wheel)."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -15,6 +17,10 @@ from gpen_tune.weights.cache import cache_dir
 from gpen_tune.weights.download import DownloadError, download_into
 
 REACH_TIMEOUT_S = 3.0            # `auto` never waits longer than this to learn that it is offline
+# A host found unreachable is remembered this long (in the detector cache folder), so an offline or firewalled
+# machine, where a connection attempt can hang until the timeout, pays the probe once an hour, not on every run.
+UNREACHABLE_MEMORY_S = 3600.0
+UNREACHABLE_FILE = "unreachable.json"
 
 _RELEASE = "https://github.com/xinntao/facexlib/releases/download/v0.1.0/"
 RETINAFACE_WEIGHTS = {           # name -> (cache file name, facexlib release URL)
@@ -62,7 +68,7 @@ def auto_retinaface_weights(weights: str | Path | None) -> tuple[Path | None, st
     if cached.is_file():
         return cached, ""
     if not reachable(url):
-        return None, f"{urlparse(url).hostname} is unreachable"
+        return None, f"{urlparse(url).hostname} is unreachable{_remembered_note(url)}"
     try:
         return fetch_weights(url, cached.name, timeout=10.0, retries=1), ""
     except Exception as e:  # noqa: BLE001 - any download failure means: fall back
@@ -75,9 +81,13 @@ def auto_fallback_notice(reason: str) -> str:
             f"put {filename} into {detector_cache_dir()} or pass --detector-weights PATH for RetinaFace")
 
 
-def reachable(url: str, timeout: float = REACH_TIMEOUT_S) -> bool:
-    """Whether the URL's host accepts a TCP connection within `timeout` (DNS included: it runs in a thread)."""
+def reachable(url: str, timeout: float = REACH_TIMEOUT_S, memory_s: float = UNREACHABLE_MEMORY_S) -> bool:
+    """Whether the URL's host accepts a TCP connection within `timeout` (DNS included: it runs in a thread). A host
+    found unreachable less than `memory_s` ago is not probed again (0: always probe)."""
     if os.environ.get("GPEN_TUNE_OFFLINE"):
+        return False
+    since = _unreachable_since(url)
+    if memory_s > 0 and since is not None and time.time() - since < memory_s:
         return False
     parsed = urlparse(url)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
@@ -93,5 +103,50 @@ def reachable(url: str, timeout: float = REACH_TIMEOUT_S) -> bool:
     t = threading.Thread(target=probe, daemon=True)
     t.start()
     t.join(timeout + 0.5)
+    _remember(url, reachable=bool(ok))
     return bool(ok)
 
+
+def _host_key(url: str) -> str:
+    parsed = urlparse(url)
+    return f"{parsed.hostname}:{parsed.port or (443 if parsed.scheme == 'https' else 80)}"
+
+
+def _memory() -> dict[str, float]:
+    try:
+        data = json.loads((detector_cache_dir() / UNREACHABLE_FILE).read_text())
+        return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
+def _unreachable_since(url: str) -> float | None:
+    return _memory().get(_host_key(url))
+
+
+def _remember(url: str, reachable: bool) -> None:
+    """Record (or clear) the host's failed probe; written to a temporary file and renamed, errors ignored: the
+    memory only saves time."""
+    memory, key = _memory(), _host_key(url)
+    if reachable == (key not in memory):
+        return
+    if reachable:
+        memory.pop(key)
+    else:
+        memory[key] = time.time()
+    folder = detector_cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{UNREACHABLE_FILE}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(memory))
+        os.replace(tmp, folder / UNREACHABLE_FILE)
+    except OSError:
+        pass
+
+
+def _remembered_note(url: str) -> str:
+    since = _unreachable_since(url)
+    if since is None:
+        return ""
+    left = max(0.0, UNREACHABLE_MEMORY_S - (time.time() - since))
+    return f"; next probe in {left / 60:.0f} min, or at once when {detector_cache_dir() / UNREACHABLE_FILE} is deleted"
