@@ -29,6 +29,7 @@ from gpen_tune.model.gpen import FullGenerator
 from gpen_tune.model.layers import Blur, EqualConv2d, FusedLeakyReLU
 from gpen_tune.ops import modconv_epilogue as E
 from gpen_tune.ops import modconv_epilogue_triton as T
+from gpen_tune.ops.triton_support import compile_ahead
 
 IMPLS = ("auto", "torch", "triton")
 
@@ -203,6 +204,14 @@ class FusedGenerator(nn.Module):
         use_triton = self._use_triton
         if use_triton is None:
             use_triton = self._use_triton = self._triton(x.device)
+            if use_triton:
+                # a dry pass first: its kernels compile side by side (a first-ever run compiled them one by one)
+                with compile_ahead() as ahead:
+                    if ahead:
+                        self._run(x, use_triton)
+        return self._run(x, use_triton)
+
+    def _run(self, x: torch.Tensor, use_triton: bool) -> torch.Tensor:
         x = _cl(x.to(self.dtype))
         feats = self._encode(x, use_triton)
         del x

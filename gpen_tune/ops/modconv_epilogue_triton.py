@@ -15,6 +15,7 @@ import torch
 
 from gpen_tune.ops.triton_support import (
     INTERPRET,  # without Triton: the PyTorch twins in modconv_epilogue.py
+    launch,
     tl,
     triton,
 )
@@ -42,9 +43,13 @@ def _tiles(c: int) -> tuple[int, int, int]:
     return block_c, pixels // tile_x, tile_x
 
 
+# The per-layer sizes are not specialized on (Triton compiles one kernel per "divisible by 16" / "== 1" class of each
+# integer argument: GPEN-BFR-512's decoder asked for eight styled and two blur kernels where one of each serves every
+# layer; benchmarks/triton_compile.py). The channel count and the row strides stay specialized: the channel-innermost
+# loads vectorize on them.
 if triton is not None:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["H", "W", "HY", "WY", "n_tx"])
     def _styled_epilogue_kernel(y_ptr, f_ptr, out_ptr, d_ptr, bh_ptr, sh_ptr, bf_ptr, sf_ptr, taps_ptr, nw, gain,
                                 C, H, W, HY, WY, n_tx, d_stride, sh_stride, sf_stride,
                                 BLUR: tl.constexpr, PAD: tl.constexpr, TILE_Y: tl.constexpr,
@@ -90,7 +95,7 @@ if triton is not None:
         g = tl.where(g >= 0, g, g * 0.2) * gain * sf[None, :]
         tl.store(out_ptr + out_off[:, None] + C + c[None, :], g.to(out_ptr.dtype.element_ty), mask=m2)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["HWC"])
     def _bias_lrelu_kernel(z_ptr, bias_ptr, f_ptr, gain, C, HWC, BLOCK: tl.constexpr):
         b = tl.program_id(1).to(tl.int64)
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -102,7 +107,7 @@ if triton is not None:
         a = tl.where(a >= 0, a, a * 0.2) * gain
         tl.store(fb + i, a.to(f_ptr.dtype.element_ty), mask=m)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["H", "W", "HB", "WB", "n_tx"])
     def _blur_kernel(f_ptr, fb_ptr, taps_ptr, C, H, W, HB, WB, n_tx, PAD: tl.constexpr, TILE_Y: tl.constexpr,
                      TILE_X: tl.constexpr, BLOCK_C: tl.constexpr):
         pid_t = tl.program_id(0)
@@ -135,7 +140,7 @@ if triton is not None:
 
     # ToRGB as a per-sample [HW, C] x [C, 3] reduction (iteration 2): reads the buffer once with channels contiguous,
     # 3 fp32 accumulators per pixel; replaces a skinny cuBLAS bmm (N=3) that ran at ~7x its memory floor.
-    @triton.jit
+    @triton.jit(do_not_specialize=["HW"])
     def _rgb_kernel(a_ptr, w_ptr, out_ptr, HW, C, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr):
         b = tl.program_id(1).to(tl.int64)
         p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -190,8 +195,8 @@ def styled_epilogue(y: torch.Tensor, f: torch.Tensor, d: torch.Tensor, b_h: torc
     n_tx = triton.cdiv(w, tile_x)
     grid = (triton.cdiv(h, tile_y) * n_tx, triton.cdiv(c, block_c), bsz)
     d, s_h, s_f = (_rows(t) for t in (d, s_h, s_f))           # [B, C] views with unit column stride, any row stride
-    _styled_epilogue_kernel[grid](
-        y, f, out, d, b_h.contiguous(), s_h, b_f.contiguous(), s_f,
+    launch(
+        _styled_epilogue_kernel, grid, y, f, out, d, b_h.contiguous(), s_h, b_f.contiguous(), s_f,
         taps2d if blur else d, float(nw), _SQRT2, c, h, w, hy, wy, n_tx, d.stride(0), s_h.stride(0), s_f.stride(0),
         BLUR=blur, PAD=1, TILE_Y=tile_y, TILE_X=tile_x, BLOCK_C=block_c, num_warps=4,
     )
@@ -209,8 +214,8 @@ def encoder_epilogue(z: torch.Tensor, bias: torch.Tensor, taps2d: torch.Tensor |
     f = torch.empty_like(z, memory_format=torch.channels_last)
     hwc = h * w * c
     block = 2048
-    _bias_lrelu_kernel[(triton.cdiv(hwc, block), bsz)](z, bias.contiguous(), f, _SQRT2, c, hwc, BLOCK=block,
-                                                       num_warps=4)
+    launch(_bias_lrelu_kernel, (triton.cdiv(hwc, block), bsz), z, bias.contiguous(), f, _SQRT2, c, hwc, BLOCK=block,
+           num_warps=4)
     if taps2d is None:
         return f, None
     hb, wb = h + 1, w + 1
@@ -218,8 +223,8 @@ def encoder_epilogue(z: torch.Tensor, bias: torch.Tensor, taps2d: torch.Tensor |
     block_c, tile_y, tile_x = _tiles(c)
     n_tx = triton.cdiv(wb, tile_x)
     grid = (triton.cdiv(hb, tile_y) * n_tx, triton.cdiv(c, block_c), bsz)
-    _blur_kernel[grid](f, fb, taps2d, c, h, w, hb, wb, n_tx, PAD=2, TILE_Y=tile_y, TILE_X=tile_x, BLOCK_C=block_c,
-                       num_warps=4)
+    launch(_blur_kernel, grid, f, fb, taps2d, c, h, w, hb, wb, n_tx, PAD=2, TILE_Y=tile_y, TILE_X=tile_x,
+           BLOCK_C=block_c, num_warps=4)
     return f, fb
 
 
@@ -231,5 +236,6 @@ def to_rgb(a: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
     out = torch.empty((bsz, hw, 3), device=a.device, dtype=torch.float32)
     block_c = min(64, triton.next_power_of_2(c))
     block_p = 64
-    _rgb_kernel[(triton.cdiv(hw, block_p), bsz)](a, wt, out, hw, c, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=4)
+    launch(_rgb_kernel, (triton.cdiv(hw, block_p), bsz), a, wt, out, hw, c, BLOCK_P=block_p, BLOCK_C=block_c,
+           num_warps=4)
     return out

@@ -7,8 +7,13 @@ no interpreter): each kernel module then keeps its PyTorch path. `INTERPRET`: Tr
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
+from typing import Any
 
 import torch
 
@@ -62,4 +67,37 @@ def hash_compiler_in_background(device: torch.device | str) -> None:
     threading.Thread(target=run, name="gpen-triton-key", daemon=True).start()
 
 
-__all__ = ["IMPLS", "INTERPRET", "hash_compiler_in_background", "kernel_runs_on", "resolve_impl", "tl", "triton"]
+_COMPILING_AHEAD: ContextVar[bool] = ContextVar("gpen_compiling_ahead", default=False)
+COMPILE_THREADS = 8      # Triton's compiler releases the GIL in its heavy passes: threads compile in parallel
+
+
+def launch(kernel: Any, grid: Any, *args: Any, **meta: Any) -> None:
+    """`kernel[grid](*args, **meta)`; inside `compile_ahead()` the kernel is only queued for compiling (its
+    outputs are left unwritten)."""
+    if _COMPILING_AHEAD.get():
+        kernel.warmup(*args, grid=grid, **meta)
+    else:
+        kernel[grid](*args, **meta)
+
+
+@contextlib.contextmanager
+def compile_ahead(threads: int = COMPILE_THREADS) -> Iterator[bool]:
+    """A dry pass of a model inside this block queues every kernel it would launch for compiling on `threads`
+    threads, and the block's end waits for them all: a first call's kernels compile side by side instead of one
+    after another (a kernel already in Triton's on-disk cache only loads). Yields False (and changes nothing: the
+    caller skips its dry pass) where this Triton has no asynchronous compile or no kernel is compiled (the
+    interpreter)."""
+    mode = getattr(triton, "AsyncCompileMode", None) if triton is not None else None
+    if mode is None or INTERPRET:
+        yield False
+        return
+    with ThreadPoolExecutor(threads, thread_name_prefix="gpen-triton-compile") as pool, mode(pool):
+        token = _COMPILING_AHEAD.set(True)
+        try:
+            yield True
+        finally:
+            _COMPILING_AHEAD.reset(token)
+
+
+__all__ = ["IMPLS", "INTERPRET", "compile_ahead", "hash_compiler_in_background", "kernel_runs_on", "launch",
+           "resolve_impl", "tl", "triton"]

@@ -24,6 +24,7 @@ from gpen_tune.device_memory import trim_host_heap
 from gpen_tune.extras import require
 from gpen_tune.face.detect import BatchingDetector, default_notify, init_detector, serve
 from gpen_tune.face.detect.services import call_summary
+from gpen_tune.face.detect.warm import DetectorWarmUp
 from gpen_tune.face.parse import load_parser
 from gpen_tune.imageio import ImageReadError, Picture
 from gpen_tune.load import load_model
@@ -61,23 +62,29 @@ class Pipeline:
         detector: a face detector to use instead of building one from settings (the caller closes it).
         paste_impl: the device crop/paste kernels' implementation ("auto" | "triton" | "torch").
         cut_on_device: cut the faces of device-pasted images on the device.
+        warm_detector: build the detector and run it once on a thread while the generator loads (None: on CUDA,
+            where the first detection's one-off set-up is worth hiding; see `gpen_tune.face.detect.warm`).
         notify: where one-line notices go (the CLI prints them on stderr).
     """
 
     def __init__(self, settings: EnhanceSettings | None = None, tune: TuneConfig | None = None, *,
                  model: torch.nn.Module | None = None, restorer: Restorer | None = None, detector: Any = None,
-                 paste_impl: str = "auto", cut_on_device: bool = True,
+                 paste_impl: str = "auto", cut_on_device: bool = True, warm_detector: bool | None = None,
                  notify: Callable[[str], None] = default_notify):
         self.settings = settings or EnhanceSettings()
         self.tune = tune or TuneConfig()
         self.notify = notify
         self.paste_impl = paste_impl
         self.cut_on_device = cut_on_device
+        self._given_detector = detector
+        self._warm_up: DetectorWarmUp | None = None    # the inline detector, built and run once beside the loading
+        self._warm_wanted = warm_detector
         if restorer is None:
             device = (next(model.parameters()).device if model is not None
                       else resolve_device(self.settings.device, notify, model=self.settings.model))
             if model is None:
                 hash_compiler_in_background(device)     # the kernels' cache key, while the weights load
+                self._warm_up = self._detector_warm_up(device)
                 model = load_model(resolve_weights(self.settings, notify), model=self.settings.model, device=device)
             batch = self.settings.batch_size or default_batch_size(device, low_memory=self.tune.act_checkpoint)
             restorer = build_restorer(model, self.tune, device=device, max_batch=batch)
@@ -87,7 +94,6 @@ class Pipeline:
         self.device = restorer.device
         self.size = restorer.size
         self.weights_source = getattr(getattr(restorer, "model", None), "weights_source", None)
-        self._given_detector = detector
         self._detector_name: str | None = None   # what "auto" chose (prepare), for every later service
         self._detectors: dict[str, Any] = {}
         self._detector_calls: dict[str, dict[str, Any]] = {}   # of services closed (detector_calls)
@@ -96,8 +102,27 @@ class Pipeline:
         self._upscaler: Any = None
 
     # -- parts built on first use ------------------------------------------------------------------------------
+    def _detector_warm_up(self, device: torch.device) -> DetectorWarmUp | None:
+        """The inline detector built and run once on a thread while the generator loads (`warm_detector`; see
+        `gpen_tune.face.detect.warm`); None where not wanted or not applicable (aligned inputs, a given or a lazy
+        detector)."""
+        s = self.settings
+        wanted = device.type == "cuda" if self._warm_wanted is None else self._warm_wanted
+        if not wanted or s.aligned or self._given_detector is not None or self.tune.lazy_detector:
+            return None
+        return DetectorWarmUp(lambda: init_detector(s.detector, device=device, weights=s.detector_weights,
+                                                    threshold=s.det_threshold, det_size=s.det_size,
+                                                    notify=self.notify, service="inline"))
+
+    def _warm_detector(self) -> Any:
+        """The warm-up's detector (once; None when there was none or it failed)."""
+        warm, self._warm_up = self._warm_up, None
+        return None if warm is None else warm.result()
+
     def detector(self, service: str = "inline") -> Any:
         """The face detector for a run mode: "inline" (serial), "thread" or "process" (threaded runs)."""
+        if service == "inline" and service not in self._detectors and (warm := self._warm_detector()) is not None:
+            self._detectors[service] = warm
         if service not in self._detectors and self._given_detector is not None:
             self._detectors[service] = serve(self._given_detector, service)
         if service not in self._detectors:
@@ -203,6 +228,9 @@ class Pipeline:
         return sink.results[0]
 
     def close(self) -> None:
+        warm = self._warm_detector()                         # a warm-up nobody took: wait for it, then close it
+        if warm is not None:
+            warm.close()
         self._detector_calls = self.detector_calls()
         for det in self._detectors.values():
             if det is self._given_detector:

@@ -354,3 +354,41 @@ def test_benchmark_script_tiny_cpu(tmp_path):
     assert all(r["status"] == "skipped" for r in data["rows"] if r["variant"] == "fused_bf16_triton")
     assert data["inputs"]["tiny-32"].startswith("skimage astronaut")
     assert "TARGETS" in proc.stdout
+
+
+_AHEAD_SCRIPT = textwrap.dedent("""
+    import json, torch
+    from gpen_tune.load import load_model
+    from gpen_tune.model.fused import fuse
+    from gpen_tune.ops import modconv_epilogue_triton as T
+    from gpen_tune.ops.triton_support import compile_ahead
+    with compile_ahead() as ahead:
+        pass
+    model = fuse(load_model("synthetic", model="GPEN-BFR-256", device="cuda"), torch.bfloat16)
+    x = torch.rand(3, 3, 256, 256, device="cuda") * 2 - 1
+    kernels = (T._styled_epilogue_kernel, T._bias_lrelu_kernel, T._blur_kernel, T._rgb_kernel)
+    def compiled():
+        return sum(len(caches[0]) for k in kernels for caches in k.device_caches.values())
+    with torch.inference_mode():
+        first = model(x)
+        after_first = compiled()
+        second = model(x)
+    print("RESULT" + json.dumps({"ahead": ahead, "after_first": after_first, "after_second": compiled(),
+                                 "same": bool(torch.equal(first, second))}))
+""")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_first_call_compiles_its_kernels_ahead_once_each(tmp_path):
+    """A fresh kernel cache: the first call's dry pass compiles every kernel (one per kernel and blur flag, whatever
+    the layer's size), the real pass and the next call compile nothing more, and both give the same pixels."""
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", _AHEAD_SCRIPT], capture_output=True, text=True, env=env, timeout=600,
+                          cwd=ROOT)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
+    assert line, f"run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    res = json.loads(line[len("RESULT"):])
+    assert res["same"], res
+    assert res["after_first"] == res["after_second"] <= 5, res
+    assert res["ahead"] is True, res             # this Triton compiles asynchronously (AsyncCompileMode)
