@@ -112,7 +112,7 @@ def make_inputs(work: Path, sz: dict, solvay: Path) -> dict:
     k = sz["big_scale"]
     big = src if k == 1 else cv2.resize(src, None, fx=k, fy=k, interpolation=cv2.INTER_CUBIC)
     for i in range(sz["big_copies"]):
-        cv2.imwrite(str(big_dir / f"group{i}.png"), big)
+        cv2.imwrite(str(big_dir / f"group{i:02d}.png"), big)
     inputs["big"] = big_dir
     inputs["big_mp"] = round(big.shape[0] * big.shape[1] / 1e6, 2)
     return inputs

@@ -381,8 +381,10 @@ _AHEAD_SCRIPT = textwrap.dedent("""
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_first_call_compiles_its_kernels_ahead_once_each(tmp_path):
-    """A fresh kernel cache: the first call's dry pass compiles every kernel (one per kernel and blur flag, whatever
-    the layer's size), the real pass and the next call compile nothing more, and both give the same pixels."""
+    """A fresh kernel cache: the first call's dry pass compiles every kernel (one per kernel, blur flag and tile
+    shape, whatever the layer's spatial size: 8 for GPEN-BFR-256, as benchmarks/triton_compile.py enumerates them
+    on the host, JSON 20261206-185525_triton_compile_GPEN-BFR-256_bf16.json), the real pass and the next call
+    compile nothing more, and both give the same pixels."""
     env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-c", _AHEAD_SCRIPT], capture_output=True, text=True, env=env, timeout=600,
                           cwd=ROOT)
@@ -390,5 +392,5 @@ def test_first_call_compiles_its_kernels_ahead_once_each(tmp_path):
     assert line, f"run failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     res = json.loads(line[len("RESULT"):])
     assert res["same"], res
-    assert res["after_first"] == res["after_second"] <= 5, res
+    assert 0 < res["after_first"] == res["after_second"] <= 8, res
     assert res["ahead"] is True, res             # this Triton compiles asynchronously (AsyncCompileMode)
