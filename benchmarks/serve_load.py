@@ -72,6 +72,11 @@ def metric(url: str, name: str) -> float:
     return 0.0
 
 
+def metrics(urls: list[str], name: str) -> float:
+    """A counter summed over the replicas."""
+    return sum(metric(url, name) for url in urls)
+
+
 def server_timing(header: str) -> list[tuple[str, float]]:
     """(step, ms) pairs of a `Server-Timing` header ("decode;dur=1.3, detect;dur=87.8, ...")."""
     out = []
@@ -82,8 +87,9 @@ def server_timing(header: str) -> list[tuple[str, float]]:
     return out
 
 
-def _client_process(url: str, bodies: list[bytes], indices: list[int], threads: int, go: Any, out: Any) -> None:
-    """One client process: `threads` threads, each with its own connection, send the bodies named by `indices`
+def _client_process(urls: list[str], bodies: list[bytes], indices: list[int], threads: int, go: Any, out: Any) -> None:
+    """One client process: `threads` threads, each with its own connection to one of `urls` (thread i to
+    urls[i % len(urls)], as a load balancer spreads connections over replicas), send the bodies named by `indices`
     once `go` is set; (latencies, Server-Timing steps, errors, this process's CPU seconds) go to `out`."""
     latencies: list[float] = []
     steps: dict[str, list[float]] = {}
@@ -91,7 +97,7 @@ def _client_process(url: str, bodies: list[bytes], indices: list[int], threads: 
     lock = threading.Lock()
     todo = iter(indices)
 
-    def client() -> None:
+    def client(url: str) -> None:
         with httpx.Client(timeout=600) as http:
             while True:
                 with lock:
@@ -107,7 +113,7 @@ def _client_process(url: str, bodies: list[bytes], indices: list[int], threads: 
                     for name, ms in server_timing(r.headers.get("Server-Timing", "")):
                         steps.setdefault(name, []).append(ms)
 
-    pool = [threading.Thread(target=client) for _ in range(threads)]
+    pool = [threading.Thread(target=client, args=(urls[i % len(urls)],)) for i in range(threads)]
     go.wait()
     cpu0 = time.process_time()
     for th in pool:
@@ -117,11 +123,9 @@ def _client_process(url: str, bodies: list[bytes], indices: list[int], threads: 
     out.put((latencies, steps, errors, time.process_time() - cpu0))
 
 
-def process_tree_cpu_s(pid: int | None) -> float:
-    """CPU seconds (user + system) of process `pid` and its direct children so far (the service and, with
-    --detector-process, its detector process), from /proc; 0 where unreadable."""
-    if pid is None:
-        return 0.0
+def process_tree_cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) of processes `pids` and their direct children so far (the service's replicas and,
+    with --detector-process, their detector processes), from /proc; 0 where unreadable."""
     tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -129,32 +133,36 @@ def process_tree_cpu_s(pid: int | None) -> float:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(stat.parent.name) == pid or int(fields[1]) == pid:     # fields[1]: the parent's pid
+        if int(stat.parent.name) in pids or int(fields[1]) in pids:   # fields[1]: the parent's pid
             total += (int(fields[11]) + int(fields[12])) / tick           # utime, stime
     return total
 
 
-def run_phase(url: str, bodies: list[bytes], clients: int, processes: int = 1, server_pid: int | None = None) -> dict:
-    """Every body once, from `clients` threads (each with its own connection) spread over `processes` client
+def run_phase(urls: list[str], bodies: list[bytes], clients: int, processes: int = 1,
+              server_pids: list[int] | None = None) -> dict:
+    """Every body once, from `clients` threads (each with its own connection, to the replicas `urls` in turn) spread
+    over `processes` client
     processes, so that the load generator is not what sets the pace: against a server that answers at once
     (`--client-ceiling`), 64 clients in one process made 505 requests/s at 3.4 ms of client CPU each, in 8
     processes 749 at 2.3 ms, on 2 cores shared with that server (20261206-161004_serve_load_cpu_GPEN-BFR-256_k64.json).
     Latencies and counts."""
     processes = max(1, min(processes, clients))
-    calls0, faces0 = metric(url, "gpen_serve_generator_calls_total"), metric(url, "gpen_serve_faces_total")
+    pids = server_pids or []
+    calls0, faces0 = metrics(urls, "gpen_serve_generator_calls_total"), metrics(urls, "gpen_serve_faces_total")
     ctx = multiprocessing.get_context("fork")        # this process has no threads of its own: forking is safe
     go, out = ctx.Event(), ctx.Queue()
     children = [ctx.Process(target=_client_process, daemon=True,
-                            args=(url, bodies, list(range(p, len(bodies), processes)),
+                            args=(urls[p % len(urls):] + urls[:p % len(urls)], bodies,
+                                  list(range(p, len(bodies), processes)),
                                   clients // processes + (p < clients % processes), go, out))
                 for p in range(processes)]
     for child in children:
         child.start()
-    server_cpu0 = process_tree_cpu_s(server_pid)
+    server_cpu0 = process_tree_cpu_s(pids)
     with Stopwatch() as phase:
         go.set()
         parts = [out.get() for _ in children]
-    server_cpu = process_tree_cpu_s(server_pid) - server_cpu0
+    server_cpu = process_tree_cpu_s(pids) - server_cpu0
     for child in children:
         child.join()
     wall = phase.seconds
@@ -165,8 +173,8 @@ def run_phase(url: str, bodies: list[bytes], clients: int, processes: int = 1, s
             steps.setdefault(name, []).extend(values)
     errors = [e for part in parts for e in part[2]]
     client_cpu = sum(part[3] for part in parts)
-    calls = metric(url, "gpen_serve_generator_calls_total") - calls0
-    faces = metric(url, "gpen_serve_faces_total") - faces0
+    calls = metrics(urls, "gpen_serve_generator_calls_total") - calls0
+    faces = metrics(urls, "gpen_serve_faces_total") - faces0
     q = np.percentile(latencies, [50, 95, 99])
     return {"clients": clients, "client_processes": processes, "requests": len(bodies), "errors": len(errors),
             "first_errors": errors[:3], "wall_s": round(wall, 3), "requests_per_s": round(len(bodies) / wall, 3),
@@ -175,8 +183,8 @@ def run_phase(url: str, bodies: list[bytes], clients: int, processes: int = 1, s
             "latency_s": {"p50": round(float(q[0]), 4), "p95": round(float(q[1]), 4), "p99": round(float(q[2]), 4),
                           "mean": round(statistics.mean(latencies), 4)},
             "client_cpu_ms_per_request": round(client_cpu * 1000 / len(bodies), 3),
-            "server_cpu_ms_per_request": round(server_cpu * 1000 / len(bodies), 3) if server_pid else None,
-            "server_cores_busy": round(server_cpu / wall, 2) if server_pid else None,
+            "server_cpu_ms_per_request": round(server_cpu * 1000 / len(bodies), 3) if pids else None,
+            "server_cores_busy": round(server_cpu / wall, 2) if pids else None,
             "server_timing_mean_ms": {k: round(statistics.mean(v), 1) for k, v in steps.items()},
             "latencies": [round(x, 4) for x in latencies]}
 
@@ -222,7 +230,8 @@ def wait_ready(proc: subprocess.Popen, url: str, cmd: list[str], log: Path | Non
     raise SystemExit(f"{' '.join(cmd)} did not become ready")
 
 
-def start_server(args: argparse.Namespace, spool: Path) -> tuple[subprocess.Popen, str]:
+def start_server(args: argparse.Namespace, spool: Path) -> tuple[subprocess.Popen, str, list[str], Path]:
+    """A `gpen-tune serve` child process (not yet ready: `wait_ready`), its URL, command and log file."""
     port = free_port()
     cmd = [sys.executable, "-m", "gpen_tune", "serve", "--port", str(port), "--spool", str(spool),
            "--model", args.model, "--weights", args.weights, "--device", args.device, "--detector", args.detector,
@@ -241,9 +250,7 @@ def start_server(args: argparse.Namespace, spool: Path) -> tuple[subprocess.Pope
     with log.open("wb") as out:
         # run in the checkout: `python -m` puts its working folder first on sys.path, ahead of PYTHONPATH
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=code)
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(proc, url, cmd, log)
-    return proc, url
+    return proc, f"http://127.0.0.1:{port}", cmd, log
 
 
 def client_ceiling(bodies: list[bytes], clients: int, processes: int) -> dict:
@@ -257,7 +264,7 @@ def client_ceiling(bodies: list[bytes], clients: int, processes: int) -> dict:
         wait_ready(proc, url, cmd, None)
         out = {}
         for p in sorted({processes, 1}, reverse=True):
-            phase = run_phase(url, bodies, clients, p)
+            phase = run_phase([url], bodies, clients, p)
             out[f"{p}_processes"] = {k: phase[k] for k in ("clients", "client_processes", "requests", "wall_s",
                                                             "requests_per_s", "client_cpu_ms_per_request",
                                                             "latency_s")}
@@ -293,6 +300,9 @@ def main() -> None:
     ap.add_argument("--py-spy", dest="profile", type=Path, default=None,
                     help="attach py-spy to the ready server (every thread, non-blocking) and write its samples "
                     "here (folded stacks)")
+    ap.add_argument("--replicas", type=int, default=1, help="servers started side by side on the same device, each "
+                    "with its own port, spool and batcher; clients spread their connections over them as a load "
+                    "balancer would (the figures are their sums)")
     ap.add_argument("--code", type=Path, default=None, help="the checkout whose gpen_tune the server runs (default: "
                     "this one; e.g. an earlier commit's tree for a before/after)")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
@@ -307,29 +317,34 @@ def main() -> None:
         for name, c in ceiling.items():
             print(f"client ceiling ({name.replace('_', ' ')}): {c['requests_per_s']:.1f} req/s, client CPU "
                   f"{c['client_cpu_ms_per_request']:.2f} ms/request", flush=True)
-    spool = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpen-serve-load-{os.getpid()}"
-    proc, url = start_server(args, spool)
-    spy = None                                    # py-spy attached to the ready server; it writes when the server ends
-    if args.profile is not None:
-        spy = subprocess.Popen([py_spy(), "record", "--pid", str(proc.pid), "--threads", "--nonblocking", "-f", "raw",
-                                "-r", "100", "-o", str(args.profile)])
+    tmp = Path(os.environ.get("TMPDIR", "/tmp"))
+    servers = [start_server(args, tmp / f"gpen-serve-load-{os.getpid()}-{i}") for i in range(max(1, args.replicas))]
+    procs, urls, pids = [s[0] for s in servers], [s[1] for s in servers], [s[0].pid for s in servers]
+    spy = None                                    # py-spy attached to the first ready server; it writes when it ends
     phases: dict[str, dict] = {}
     try:
-        workers = int(metric(url, "gpen_serve_generator_workers"))
-        run_phase(url, bodies[: args.warmup], min(args.clients, args.warmup))
-        phases = {"one_at_a_time_0": run_phase(url, bodies[:seq_n], 1, server_pid=proc.pid)}
+        for proc, url, cmd, log in servers:       # started side by side, ready one by one
+            wait_ready(proc, url, cmd, log)
+        if args.profile is not None:
+            spy = subprocess.Popen([py_spy(), "record", "--pid", str(pids[0]), "--threads", "--nonblocking", "-f",
+                                    "raw", "-r", "100", "-o", str(args.profile)])
+        workers = int(metric(urls[0], "gpen_serve_generator_workers"))
+        run_phase(urls, bodies[: args.warmup], min(args.clients, max(args.warmup, len(urls))))
+        phases = {"one_at_a_time_0": run_phase(urls, bodies[:seq_n], 1, server_pids=pids)}
         for r in range(1, args.rounds + 1):
-            phases[f"concurrent_{r}"] = run_phase(url, bodies[: args.requests], args.clients, processes, proc.pid)
-            phases[f"one_at_a_time_{r}"] = run_phase(url, bodies[:seq_n], 1, server_pid=proc.pid)
+            phases[f"concurrent_{r}"] = run_phase(urls, bodies[: args.requests], args.clients, processes, pids)
+            phases[f"one_at_a_time_{r}"] = run_phase(urls, bodies[:seq_n], 1, server_pids=pids)
     finally:
-        proc.terminate()
-        proc.wait(timeout=600)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=600)
         if spy is not None:
             spy.wait(timeout=120)
-        log = spool.parent / f"{spool.name}-server.log"
-        if not phases or any(p["errors"] for p in phases.values()):
-            print(f"server output (tail):\n{log.read_text(errors='replace')[-4000:]}", file=sys.stderr)
-        log.unlink(missing_ok=True)
+        for _, _, _, log in servers:
+            if not phases or any(p["errors"] for p in phases.values()):
+                print(f"server output (tail):\n{log.read_text(errors='replace')[-4000:]}", file=sys.stderr)
+            log.unlink(missing_ok=True)
     kinds = {kind: _pooled([p for name, p in phases.items() if name.startswith(kind)])
              for kind in ("one_at_a_time", "concurrent")}
     given = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
@@ -339,7 +354,8 @@ def main() -> None:
                                         / kinds["one_at_a_time"]["requests_per_s"], 3),
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                           "load_avg_start_end": os.getloadavg()}}
-    path = write_result(args.out, f"serve_load_{args.device}_{args.model}_k{args.clients}", result)
+    replicas = f"_r{args.replicas}" if args.replicas > 1 else ""
+    path = write_result(args.out, f"serve_load_{args.device}_{args.model}_k{args.clients}{replicas}", result)
     for name, p in list(phases.items()) + [(f"all {k}", v) for k, v in kinds.items()]:
         print(f"{name:20s} {p['clients']:3d} clients  {p['requests_per_s']:7.2f} req/s  {p['faces_per_s']:7.2f} "
               f"faces/s  p50 {p['latency_s']['p50'] * 1000:7.0f} ms  p95 {p['latency_s']['p95'] * 1000:7.0f} ms  "
