@@ -19,6 +19,7 @@
 #   scaling        1..8 GPUs of one host and 1..8 Ray actors (benchmarks/scaling.py; needs a multi-GPU host)
 #   serve          `gpen-tune serve`: 64 concurrent single-face clients vs one at a time, then with
 #                  --detector-process (benchmarks/serve_load.py)
+#   serve-replicas the same 64 clients over 3 servers sharing the GPU (--replicas 3), then over one
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -65,5 +66,10 @@ case "$PART" in
                  run timeout 590 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
                    --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 64 --rounds 1 \
                    --batch-size 64 --max-wait-ms 5 --detector-process --out "$DEST" ;;
+  serve-replicas) for n in 3 1; do
+                   run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
+                     --preset speed --detector mtcnn --clients 64 --requests 1024 --sequential-requests 32 --rounds 1 \
+                     --batch-size 64 --max-wait-ms 5 --replicas $n --out "$DEST"
+                 done ;;
   *) echo "unknown part $PART; bash $0 lists them" >&2; exit 2 ;;
 esac
