@@ -152,7 +152,7 @@ def cli(args: list[str], env: dict, timeout: float, report: Path | None = None,
         out["tune"] = {k: (data.get("tune") or {}).get(k) for k in ("describe", "effective_describe", "fallbacks",
                                                                    "warmup_s", "generator")}
         out["images"] = [{"input": Path(j["input"]).name, "n_faces": j["n_faces"], "timings_s": j["timings_s"],
-                          "video": j.get("video")} for j in data["images"][:64]]
+                          "video": j.get("video"), "output_bytes": j.get("output_bytes")} for j in data["images"][:64]]
     if rc != 0:
         print(f"FAILED ({rc}): {out['command']}\n{text[-3000:]}", file=sys.stderr)
     return out
@@ -223,6 +223,12 @@ def big_photo_seconds(run: dict | None, first_step: bool = False) -> float | Non
     else:
         picked = per[step:] if len(per) > step else (per[2:] or per[1:] or per)
     return round(float(np.median(picked)), 3) if picked else None
+
+
+def big_photo_bytes(run: dict | None) -> int | None:
+    """The median size of the big photo's written PNGs (at the CLI's --png-level)."""
+    sizes = [j.get("output_bytes") for j in (run or {}).get("images") or [] if j.get("output_bytes")]
+    return int(np.median(sizes)) if sizes else None
 
 
 # ---------------------------------------------------------------------------------------------------- limits
@@ -416,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         "big_photo_s": big_photo_seconds(runs.get("big_photo")),
         "big_photo_first_step_s": big_photo_seconds(runs.get("big_photo"), first_step=True),
         "big_photo_megapixels": inputs["big_mp"],
+        "big_photo_output_bytes": big_photo_bytes(runs.get("big_photo")),
         "failed_runs": [k for k, r in runs.items() if r["rc"] != 0],
         "folder": inputs["folder_info"] | {"faces": faces},
         "runs": runs,

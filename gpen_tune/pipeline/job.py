@@ -85,10 +85,18 @@ class ImageJob:
         for face in self.faces:
             face.crop = face.restored = face.restored_device = face.parse_mask = None
 
+    def output_bytes(self) -> int | None:
+        """The written file's size (what a compression choice such as --png-level trades against speed)."""
+        try:
+            return None if self.output is None else self.output.stat().st_size
+        except OSError:
+            return None
+
     def report(self) -> dict:
         return {
             "input": self.source,
             "output": None if self.output is None else str(self.output),
+            "output_bytes": self.output_bytes(),
             "status": self.status,
             "error": self.error,
             "size": None if self.size is None else list(self.size),

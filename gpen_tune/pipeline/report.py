@@ -63,6 +63,7 @@ def summarize(result: Any, wall: float) -> dict[str, Any]:
         "not_processed": sum(j.status == "dropped" for j in jobs),
         "passed_over": list(result.passed_over),
         "faces": faces,
+        "output_bytes": sum(j.output_bytes() or 0 for j in jobs if j.status in ("ok", "no_face")),
         "nonfinite_faces": result.nonfinite_faces,
         "wall_s": round(wall, 3),
         "images_per_s": _rate(len(written), wall),

@@ -70,6 +70,11 @@ def test_cli_folder_mixing_good_no_face_and_broken(mixed_folder, tmp_path):
     assert len(face["box"]) == 4 and len(face["landmarks"]) == 5 and 0.9 <= face["score"] <= 1.0
     assert 150 < face["box"][0] < 200
     assert set(by_name["hopper.png"]["timings_s"]) >= {"decode", "detect", "align", "restore", "paste", "encode"}
+    sizes = {name: (out / rel).stat().st_size for name, rel in (("astronaut.jpg", "astronaut_gpen.jpg"),
+                                                                  ("hopper.png", "sub/hopper_gpen.png"),
+                                                                  ("wall.png", "wall_gpen.png"))}
+    assert {k: by_name[k]["output_bytes"] for k in sizes} == sizes and by_name["broken.jpg"]["output_bytes"] is None
+    assert data["summary"]["output_bytes"] == sum(sizes.values())
     assert "truncated" in by_name["broken.jpg"]["error"] and "empty" in by_name["empty.png"]["error"]
     assert data["summary"]["failed"] == 3 and data["summary"]["faces"] == 2 and data["summary"]["no_face"] == 1
     assert data["weights"] == "synthetic" and data["detector"] == "mtcnn"
