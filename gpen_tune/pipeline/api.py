@@ -78,13 +78,12 @@ class Pipeline:
         self.cut_on_device = cut_on_device
         self._given_detector = detector
         self._warm_up: DetectorWarmUp | None = None    # the inline detector, built and run once beside the loading
-        self._warm_wanted = warm_detector
         if restorer is None:
             device = (next(model.parameters()).device if model is not None
                       else resolve_device(self.settings.device, notify, model=self.settings.model))
             if model is None:
                 hash_compiler_in_background(device)     # the kernels' cache key, while the weights load
-                self._warm_up = self._detector_warm_up(device)
+                self._warm_up = self._detector_warm_up(device, warm_detector)
                 model = load_model(resolve_weights(self.settings, notify), model=self.settings.model, device=device)
             batch = self.settings.batch_size or default_batch_size(device, low_memory=self.tune.act_checkpoint)
             restorer = build_restorer(model, self.tune, device=device, max_batch=batch)
@@ -102,12 +101,12 @@ class Pipeline:
         self._upscaler: Any = None
 
     # -- parts built on first use ------------------------------------------------------------------------------
-    def _detector_warm_up(self, device: torch.device) -> DetectorWarmUp | None:
+    def _detector_warm_up(self, device: torch.device, warm: bool | None) -> DetectorWarmUp | None:
         """The inline detector built and run once on a thread while the generator loads (`warm_detector`; see
         `gpen_tune.face.detect.warm`); None where not wanted or not applicable (aligned inputs, a given or a lazy
         detector)."""
         s = self.settings
-        wanted = device.type == "cuda" if self._warm_wanted is None else self._warm_wanted
+        wanted = device.type == "cuda" if warm is None else warm
         if not wanted or s.aligned or self._given_detector is not None or self.tune.lazy_detector:
             return None
         return DetectorWarmUp(lambda: init_detector(s.detector, device=device, weights=s.detector_weights,

@@ -90,7 +90,7 @@ def reachable(url: str, timeout: float = REACH_TIMEOUT_S, memory_s: float = UNRE
     if memory_s > 0 and since is not None and time.time() - since < memory_s:
         return False
     parsed = urlparse(url)
-    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    port = _port(url)
     ok: list[bool] = []
 
     def probe() -> None:
@@ -107,9 +107,13 @@ def reachable(url: str, timeout: float = REACH_TIMEOUT_S, memory_s: float = UNRE
     return bool(ok)
 
 
-def _host_key(url: str) -> str:
+def _port(url: str) -> int:
     parsed = urlparse(url)
-    return f"{parsed.hostname}:{parsed.port or (443 if parsed.scheme == 'https' else 80)}"
+    return parsed.port or (443 if parsed.scheme == "https" else 80)
+
+
+def _host_key(url: str) -> str:
+    return f"{urlparse(url).hostname}:{_port(url)}"
 
 
 def _memory() -> dict[str, float]:
