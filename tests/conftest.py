@@ -65,6 +65,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    weights_files = sys.modules.get("conftest_weights")   # imported by the modules that need it, if any ran here
+    if weights_files is not None:
+        weights_files.remove_files()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if in_workers(config):
         config.pluginmanager.register(FileProgress(config), "file_progress")

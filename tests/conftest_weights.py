@@ -21,7 +21,13 @@ from gpen_tune.model.configs import MODELS, GPENConfig
 from gpen_tune.weights.checkpoint import synthetic_state_dict
 
 _TMP = Path(tempfile.mkdtemp(prefix="gpen-tune-weights-tests-"))
-atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
+atexit.register(shutil.rmtree, _TMP, ignore_errors=True)   # a plain run; xdist workers end without atexit
+
+
+def remove_files() -> None:
+    """Delete the checkpoints this process wrote (tests/conftest.py calls it when the session ends)."""
+    checkpoint_file.cache_clear()
+    shutil.rmtree(_TMP, ignore_errors=True)
 
 
 @cache
