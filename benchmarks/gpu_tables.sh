@@ -17,8 +17,8 @@
 #   plain-bs1      the plain generator at batch 1, eager vs CUDA-graph replay (benchmarks/plain_bs1.py)
 #   face-crop      --face-crop on vs off on a >= 12 MP photo (benchmarks/face_crop_bench.py)
 #   scaling        1..8 GPUs of one host and 1..8 Ray actors (benchmarks/scaling.py; needs a multi-GPU host)
-#   serve          `gpen-tune serve`: 64 concurrent single-face clients vs one at a time, then with
-#                  --detector-process (benchmarks/serve_load.py)
+#   serve          `gpen-tune serve`: 64 concurrent single-face clients vs one at a time, with
+#                  --detector-thread, then --detector-process (benchmarks/serve_load.py)
 #   serve-replicas the same 64 clients over 3 servers sharing the GPU (--replicas 3), then over one
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -61,7 +61,7 @@ case "$PART" in
                    --images 2000 --model GPEN-BFR-512 --out "$DEST" ;;
   serve)         run timeout 590 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
                    --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 64 --rounds 1 \
-                   --batch-size 64 --max-wait-ms 5 --client-ceiling --out "$DEST" \
+                   --batch-size 64 --max-wait-ms 5 --detector-thread --client-ceiling --out "$DEST" \
                    ${PYSPY:+--py-spy "$DEST/serve-server.folded"}
                  run timeout 590 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
                    --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 64 --rounds 1 \

@@ -244,6 +244,8 @@ def start_server(args: argparse.Namespace, spool: Path) -> tuple[subprocess.Pope
         cmd += ["--preset", args.preset]
     if args.detector_process:
         cmd += ["--detector-process"]
+    if args.detector_thread:
+        cmd += ["--detector-thread"]
     code = str((args.code or REPO).resolve())                  # whose gpen_tune the server runs
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [code, os.environ.get("PYTHONPATH")])))
     log = spool.parent / f"{spool.name}-server.log"            # the server's own output, shown if it fails
@@ -285,7 +287,9 @@ def main() -> None:
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
     ap.add_argument("--generator-calls", type=int, default=None, help="the server's --generator-calls (default: "
                     "its own)")
-    ap.add_argument("--detector-process", action="store_true", help="the server's --detector-process")
+    where = ap.add_mutually_exclusive_group()      # neither: the server's default (a process on a GPU)
+    where.add_argument("--detector-process", action="store_true", help="the server's --detector-process")
+    where.add_argument("--detector-thread", action="store_true", help="the server's --detector-thread")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--requests", type=int, default=32, help="requests of the K-client phase")
     ap.add_argument("--sequential-requests", type=int, default=None, help="of each one-at-a-time phase "

@@ -49,9 +49,12 @@ def serve(
                                                 show_default=False,
                                                 help="Generator calls at once (default: 2 on a 2-core CPU, one per "
                                                 "share of the cores; 1 on a GPU).")] = None,
-    detector_process: Annotated[bool, _opt("--detector-process", panel=MODEL_PANEL,
-                                            help="Run the face detector in a process of its own (its own GIL: for "
-                                            "many concurrent requests on a GPU; about 10 s more at start).")] = False,
+    detector_process: Annotated[bool | None, _opt("--detector-process/--detector-thread", panel=MODEL_PANEL,
+                                                   show_default=False,
+                                                   help="Run the face detector in a process of its own (its own "
+                                                   "GIL: more faces/s under many concurrent requests; about 10 s "
+                                                   "more at start), or on a thread of the server. Default: a "
+                                                   "process on a GPU, a thread on the CPU.")] = None,
     preset: PresetOpt = None,
     spool: Annotated[Path, _opt("--spool", panel=LIMIT_PANEL, help="Folder of jobs and uploads in progress.")]
     = Path("gpen-serve-spool"),
@@ -83,7 +86,7 @@ def serve(
         check_bind(host, token, no_auth)
     except UnsafeBind as e:
         raise failure(e) from None
-    from gpen_tune.pipeline.conflicts import check_detector_process
+    from gpen_tune.pipeline.conflicts import check_detector_process, serve_detector_process
     from gpen_tune.pipeline.settings import (  # heavy: torch (fast --help)
         EnhanceSettings,
         detection_size,
@@ -96,6 +99,7 @@ def serve(
     try:
         dev = resolve_device(device, notice)
         tune, origin = tune_config_from_options(preset, device=dev.type)
+        detector_process = serve_detector_process(detector_process, dev.type, tune.lazy_detector)
         settings = EnhanceSettings(model=model, weights=weights, device=str(dev), detector=detector,
                                    det_size=detection_size(None, tune.face_crop),
                                    parse_mask=parse_mask, parse_weights=parse_weights, batch_size=batch_size,

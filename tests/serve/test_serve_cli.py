@@ -15,6 +15,7 @@ from serve_helpers import metric, photo_files, serve_process
 from typer.testing import CliRunner
 
 from gpen_tune.cli import app
+from gpen_tune.pipeline.conflicts import serve_detector_process
 from gpen_tune.serve import MISSING_EXTRA
 
 
@@ -59,8 +60,20 @@ def test_help_lists_the_options():
     assert res.exit_code == 0
     for flag in ("--host", "--port", "--token", "--no-auth", "--weights", "--preset", "--spool", "--max-upload-mb",
                  "--max-megapixels", "--max-queue-faces", "--timeout", "--max-wait-ms", "--generator-calls",
-                 "--detector-process"):
+                 "--detector-process", "--detector-thread"):
         assert flag in res.output
+
+
+@pytest.mark.parametrize(("asked", "device", "lazy", "runs"), [
+    (None, "cuda", False, True),       # a GPU server: the detector's own process by default
+    (None, "cpu", False, False),       # the CPU: the generator is the limit, no process
+    (None, "mps", False, False),
+    (None, "cuda", True, False),       # --preset low-memory releases the detector: a process cannot be released
+    (False, "cuda", False, False),     # --detector-thread
+    (True, "cpu", False, True),        # --detector-process
+])
+def test_detector_process_default_is_on_for_a_gpu_server(asked, device, lazy, runs):
+    assert serve_detector_process(asked, device, lazy) is runs
 
 
 @pytest.mark.slow
