@@ -12,7 +12,10 @@ marks corrupt (concealed errors) is passed through as decoded and counted. `Vide
 from __future__ import annotations
 
 import bisect
+import os
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -31,6 +34,10 @@ SWS_FLAGS_8BIT = Interpolation.BILINEAR | Interpolation.ACCURATE_RND | Interpola
 # header before any frame is decoded: several frames are in flight at once (decoder delay, the pipeline's slots),
 # so a frame near the photo limit (100 MP) would take gigabytes.
 MAX_FRAME_PIXELS = 8192 * 4320
+# YUV <-> RGB conversions (swscale, which releases the GIL) run on threads beside the decoder and the encoder: at
+# 1080p with the flags above one takes ~4-8 ms, in the reading or encoding thread a cost added to every frame.
+CONVERT_THREADS = min(4, os.cpu_count() or 1)
+CONVERT_AHEAD = 2 * CONVERT_THREADS    # frames converting ahead of the one the reader yields or the writer encodes
 MAX_LISTED_PTS = 64               # corrupt / filled frame timestamps kept in the report (the counts are exact)
 
 
@@ -255,7 +262,8 @@ def probe(path: str | Path) -> VideoInfo:
 
 
 class VideoReader:
-    """Frames of a video file, decoded lazily: at most the decoder's own delay of frames is held at any time.
+    """Frames of a video file, decoded lazily: at most the decoder's own delay of frames and CONVERT_AHEAD frames
+    converting to RGB are held at any time.
 
     `upright`: rotate each frame by the display rotation (multiples of 90 degrees) so faces stand up; a writer
     given the same `upright` turns them back, so the output keeps the source's coded size and rotation tag.
@@ -285,21 +293,25 @@ class VideoReader:
         """Each call decodes from the start; the report counts the latest pass."""
         self.report = DecodeReport()
         container = _open(self.path)
+        converter = ThreadPoolExecutor(CONVERT_THREADS, thread_name_prefix="gpen-video-convert")
         try:
             stream = _video_stream(container, self.path)
             stream.thread_type = "AUTO"
             stream.thread_count = self.threads
-            yield from self._decode(container, stream)
+            yield from _in_order(self._decode(container, stream, converter), self.info.time_base)
         finally:
+            converter.shutdown(wait=True, cancel_futures=True)     # no conversion outlives the container
             container.close()
 
-    def _decode(self, container, stream) -> Iterator[Frame]:
-        """Decode in packet order, remembering each packet's pts until its frame comes out. Frames come out in
-        pts order, so the pts still waiting below an output frame's belong to frames the decoder failed on
-        (with frame threads the error surfaces a few packets later, so the failing send is not the culprit)."""
+    def _decode(self, container, stream, converter: ThreadPoolExecutor) -> Iterator[tuple[Future, int]]:
+        """(each frame's RGB image to be, its pts), converted on `converter`'s threads.
+
+        Decode in packet order, remembering each packet's pts until its frame comes out. Frames come out in pts
+        order, so the pts still waiting below an output frame's belong to frames the decoder failed on (with frame
+        threads the error surfaces a few packets later, so the failing send is not the culprit)."""
         waiting: list[int] = []            # pts of packets sent whose frame has not come out, sorted
         errors = 0
-        last: np.ndarray | None = None
+        last: Future | None = None
         last_pts: int | None = None
         step = _pts_step(self.info)
         try:
@@ -321,13 +333,13 @@ class VideoReader:
                                 yield fill
                         del waiting[:at + 1]
                     _check_frame_size(self.path, frame.width, frame.height)   # a size change mid-stream
-                    image = self._to_array(frame)
+                    image = converter.submit(self._to_array, frame)
                     if frame.is_corrupt:
                         self.report.corrupt += 1
                         _note(self.report.corrupt_pts, pts)
                     self.report.frames += 1
                     last, last_pts = image, pts
-                    yield Frame(image, pts, self.info.time_base)
+                    yield image, pts
         except av.error.FFmpegError as e:
             raise _fail(self.path, f"unreadable after frame {self.report.frames} ({_reason(e)}); "
                                    "the file may be truncated") from None
@@ -336,7 +348,7 @@ class VideoReader:
             if fill is not None:
                 yield fill
 
-    def _fill(self, last: np.ndarray | None, pts: int) -> Frame | None:
+    def _fill(self, last: Future | None, pts: int) -> tuple[Future, int] | None:
         """The previous good frame at `pts`, or None (counted as lost) before the first good one."""
         if last is None:
             self.report.lost += 1
@@ -344,7 +356,7 @@ class VideoReader:
         self.report.filled += 1
         self.report.frames += 1
         _note(self.report.filled_pts, pts)
-        return Frame(last, pts, self.info.time_base)
+        return last, pts
 
     def _to_array(self, frame: av.VideoFrame) -> np.ndarray:
         if self.info.bit_depth > 8:
@@ -354,6 +366,24 @@ class VideoReader:
         if self.upright and self.info.rotation % 90 == 0 and self.info.rotation:
             image = np.ascontiguousarray(np.rot90(image, k=self.info.rotation // 90))
         return image
+
+
+def _in_order(converting: Iterator[tuple[Future, int]], time_base: Fraction) -> Iterator[Frame]:
+    """The frames of `converting` in order, up to CONVERT_AHEAD of them decoded and converting ahead of the
+    caller; a decode error is raised after the frames before it."""
+    ahead: deque[tuple[Future, int]] = deque()
+    try:
+        for item in converting:
+            ahead.append(item)
+            while ahead and (len(ahead) > CONVERT_AHEAD or ahead[0][0].done()):
+                image, pts = ahead.popleft()
+                yield Frame(image.result(), pts, time_base)
+    except VideoReadError:
+        for image, pts in ahead:
+            yield Frame(image.result(), pts, time_base)
+        raise
+    for image, pts in ahead:
+        yield Frame(image.result(), pts, time_base)
 
 
 def _pts_step(info: VideoInfo) -> int:

@@ -11,7 +11,9 @@ the source alongside the video, a little at a time, so memory does not grow with
 from __future__ import annotations
 
 import sys
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -23,7 +25,7 @@ from av.video.reformatter import Colorspace
 
 from gpen_tune.imageio import commit, video_temp_path
 from gpen_tune.video.encoders import OUTPUT_FORMATS, EncoderError, pick_encoder
-from gpen_tune.video.reader import SWS_FLAGS_8BIT, VideoInfo
+from gpen_tune.video.reader import CONVERT_AHEAD, CONVERT_THREADS, SWS_FLAGS_8BIT, VideoInfo
 
 AUDIO_REENCODE = {"webm": ("libopus", 48000, 960)}           # ext -> (encoder, sample rate, samples per frame)
 AUDIO_DEFAULT = ("aac", None, 1024)                          # None: keep the source's sample rate
@@ -198,7 +200,9 @@ class VideoWriter:
         self.upright = upright
         self.notify = notify
         self.notes: list[str] = []
-        self.frames = 0
+        self.frames = 0                   # frames encoded
+        self._converting: deque[tuple[Future, int]] = deque()      # (the YUV frame to be, pts), in order
+        self._converter: ThreadPoolExecutor | None = None
         ext = self.dst.suffix.lower().lstrip(".")
         try:
             self.codec, options, note = pick_encoder(info.codec, ext, device_type, codec, crf, encoder_preset)
@@ -233,7 +237,10 @@ class VideoWriter:
         return stream
 
     def write(self, image: np.ndarray, pts: int) -> None:
-        """Encode one frame at `pts` (units of `info.time_base`); frames must come in presentation order."""
+        """Encode one frame at `pts` (units of `info.time_base`); frames must come in presentation order.
+
+        The frame is converted to the encoder's pixel format on a thread and encoded in order a few frames later
+        (by a later `write` or by `close`): `image` must not be changed after this call."""
         if self._closed:
             raise VideoWriteError(f"{self.dst}: write after close")
         if self.upright and self.info.rotation % 90 == 0 and self.info.rotation:
@@ -241,25 +248,47 @@ class VideoWriter:
         h, w = image.shape[:2]
         if (w, h) != (self.info.width, self.info.height):
             raise ValueError(f"frame is {w}x{h}, the video is {self.info.width}x{self.info.height}")
+        if self._converter is None:
+            self._converter = ThreadPoolExecutor(CONVERT_THREADS, thread_name_prefix="gpen-video-convert")
+        self._converting.append((self._converter.submit(self._convert, image), int(pts)))
+        while self._converting and (len(self._converting) > CONVERT_AHEAD or self._converting[0][0].done()):
+            self._encode_next()
+
+    def _convert(self, image: np.ndarray) -> av.VideoFrame:
         deep = image.dtype == np.uint16
         frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(image), format="rgb48le" if deep else "rgb24")
-        frame = frame.reformat(format=self.pix_fmt, dst_colorspace=SWS_MATRIX.get(self.info.colorspace),
-                               dst_color_range=self.info.color_range or None,
-                               interpolation=None if deep else SWS_FLAGS_8BIT)
-        frame.pts, frame.time_base = int(pts), self.info.time_base
+        return frame.reformat(format=self.pix_fmt, dst_colorspace=SWS_MATRIX.get(self.info.colorspace),
+                              dst_color_range=self.info.color_range or None,
+                              interpolation=None if deep else SWS_FLAGS_8BIT)
+
+    def _encode_next(self) -> None:
+        converted, pts = self._converting.popleft()
+        frame = converted.result()
+        frame.pts, frame.time_base = pts, self.info.time_base
         self.out.mux(self.video.encode(frame))
         self.frames += 1
         if self.side is not None:
             self.side.mux_until(float(pts * self.info.time_base))
 
+    def _stop_converting(self) -> None:
+        for converted, _ in self._converting:
+            converted.cancel()
+        self._converting.clear()
+        if self._converter is not None:
+            self._converter.shutdown(wait=True)
+            self._converter = None
+
     def close(self) -> Path:
         """Flush the encoder, add the rest of the audio and subtitles, and rename the file into place."""
         if self._closed:
             return self.dst
-        if self.frames == 0:
+        if self.frames == 0 and not self._converting:
             self.abort(quiet=True)
             raise VideoWriteError(f"{self.dst}: no frames were written; no file left")
         try:
+            while self._converting:                  # the frames still converting, in order
+                self._encode_next()
+            self._stop_converting()
             self.out.mux(self.video.encode(None))
             if self.side is not None:
                 self.side.finish()
@@ -284,6 +313,7 @@ class VideoWriter:
         if self._closed:
             return
         self._closed = True
+        self._stop_converting()
         for closer in (getattr(self, "side", None), self.out):
             try:
                 if closer is not None:
