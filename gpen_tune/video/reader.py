@@ -37,7 +37,13 @@ MAX_FRAME_PIXELS = 8192 * 4320
 # YUV <-> RGB conversions (swscale, which releases the GIL) run on threads beside the decoder and the encoder: at
 # 1080p with the flags above one takes ~4-8 ms, in the reading or encoding thread a cost added to every frame.
 CONVERT_THREADS = min(4, os.cpu_count() or 1)
-CONVERT_AHEAD = 2 * CONVERT_THREADS    # frames converting ahead of the one the reader yields or the writer encodes
+CONVERT_AHEAD_BYTES = 64 << 20         # RGB frames converting ahead of the one yielded / encoded: 8 at 1080p, 1 at 8K
+
+
+def convert_ahead(info: VideoInfo) -> int:
+    """How many frames of `info`'s size may be converting at once (1 to two per conversion thread)."""
+    frame_bytes = info.width * info.height * 3 * (2 if info.bit_depth > 8 else 1)
+    return max(1, min(2 * CONVERT_THREADS, CONVERT_AHEAD_BYTES // max(frame_bytes, 1)))
 MAX_LISTED_PTS = 64               # corrupt / filled frame timestamps kept in the report (the counts are exact)
 
 
@@ -262,8 +268,8 @@ def probe(path: str | Path) -> VideoInfo:
 
 
 class VideoReader:
-    """Frames of a video file, decoded lazily: at most the decoder's own delay of frames and CONVERT_AHEAD frames
-    converting to RGB are held at any time.
+    """Frames of a video file, decoded lazily: at most the decoder's own delay of frames and `convert_ahead`
+    frames converting to RGB are held at any time.
 
     `upright`: rotate each frame by the display rotation (multiples of 90 degrees) so faces stand up; a writer
     given the same `upright` turns them back, so the output keeps the source's coded size and rotation tag.
@@ -298,7 +304,8 @@ class VideoReader:
             stream = _video_stream(container, self.path)
             stream.thread_type = "AUTO"
             stream.thread_count = self.threads
-            yield from _in_order(self._decode(container, stream, converter), self.info.time_base)
+            yield from _in_order(self._decode(container, stream, converter), self.info.time_base,
+                                 convert_ahead(self.info))
         finally:
             converter.shutdown(wait=True, cancel_futures=True)     # no conversion outlives the container
             container.close()
@@ -368,14 +375,14 @@ class VideoReader:
         return image
 
 
-def _in_order(converting: Iterator[tuple[Future, int]], time_base: Fraction) -> Iterator[Frame]:
-    """The frames of `converting` in order, up to CONVERT_AHEAD of them decoded and converting ahead of the
-    caller; a decode error is raised after the frames before it."""
+def _in_order(converting: Iterator[tuple[Future, int]], time_base: Fraction, most: int) -> Iterator[Frame]:
+    """The frames of `converting` in order, up to `most` of them decoded and converting ahead of the caller; a
+    decode error is raised after the frames before it."""
     ahead: deque[tuple[Future, int]] = deque()
     try:
         for item in converting:
             ahead.append(item)
-            while ahead and (len(ahead) > CONVERT_AHEAD or ahead[0][0].done()):
+            while ahead and (len(ahead) > most or ahead[0][0].done()):
                 image, pts = ahead.popleft()
                 yield Frame(image.result(), pts, time_base)
     except VideoReadError:

@@ -25,7 +25,7 @@ from av.video.reformatter import Colorspace
 
 from gpen_tune.imageio import commit, video_temp_path
 from gpen_tune.video.encoders import OUTPUT_FORMATS, EncoderError, pick_encoder
-from gpen_tune.video.reader import CONVERT_AHEAD, CONVERT_THREADS, SWS_FLAGS_8BIT, VideoInfo
+from gpen_tune.video.reader import CONVERT_THREADS, SWS_FLAGS_8BIT, VideoInfo, convert_ahead
 
 AUDIO_REENCODE = {"webm": ("libopus", 48000, 960)}           # ext -> (encoder, sample rate, samples per frame)
 AUDIO_DEFAULT = ("aac", None, 1024)                          # None: keep the source's sample rate
@@ -203,6 +203,7 @@ class VideoWriter:
         self.frames = 0                   # frames encoded
         self._converting: deque[tuple[Future, int]] = deque()      # (the YUV frame to be, pts), in order
         self._converter: ThreadPoolExecutor | None = None
+        self._ahead = convert_ahead(info)
         ext = self.dst.suffix.lower().lstrip(".")
         try:
             self.codec, options, note = pick_encoder(info.codec, ext, device_type, codec, crf, encoder_preset)
@@ -251,7 +252,7 @@ class VideoWriter:
         if self._converter is None:
             self._converter = ThreadPoolExecutor(CONVERT_THREADS, thread_name_prefix="gpen-video-convert")
         self._converting.append((self._converter.submit(self._convert, image), int(pts)))
-        while self._converting and (len(self._converting) > CONVERT_AHEAD or self._converting[0][0].done()):
+        while self._converting and (len(self._converting) > self._ahead or self._converting[0][0].done()):
             self._encode_next()
 
     def _convert(self, image: np.ndarray) -> av.VideoFrame:
