@@ -84,6 +84,24 @@ def test_round_trip_pixels_stay_close_without_a_colour_shift(tmp_path):
     assert np.abs(shift).max() < 0.3, shift
 
 
+def test_frames_keep_their_order_through_the_conversion_threads(tmp_path):
+    """The reader and the writer convert colours on threads, several frames ahead: every frame still comes out
+    as itself, at its own time (frames that differ only in grey level, more of them than are converted at once)."""
+    n = 40
+    greys = [(37 * i) % 220 + 16 for i in range(n)]                    # no two neighbours alike
+    frames = [np.full((96, 128, 3), g, np.uint8) for g in greys]
+    src = make_clip(tmp_path / "src.mkv", n, size=(128, 96), audio=False, subtitles=False, frames=frames)
+    read = list(VideoReader(src))
+    assert [int(round(f.image.mean())) for f in read] == pytest.approx(greys, abs=2)
+    dst = tmp_path / "out.mkv"
+    with VideoWriter(dst, probe(src), crf=0) as writer:
+        for f in read:
+            writer.write(f.image, f.pts)
+    back = list(VideoReader(dst))
+    assert [f.pts for f in back] == [f.pts for f in read]
+    assert [int(round(f.image.mean())) for f in back] == pytest.approx(greys, abs=2)
+
+
 def test_webm_output_reencodes_audio_and_converts_subtitles_once(tmp_path):
     src = make_clip(tmp_path / "src.mp4", 20)
     dst = tmp_path / "src.webm"
