@@ -6,7 +6,9 @@ and a line per finished file when the run is spread over workers."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,10 @@ import torch
 from gpen_tune.tune.hardware import cpu_capabilities
 
 sys.path.insert(0, str(Path(__file__).parent))
+from conftest_weights import TEST_FILES_ENV  # noqa: E402
 from file_progress import FileProgress, in_workers  # noqa: E402
+
+_TEST_FILES = pytest.StashKey[str]()
 
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 torch.set_num_threads(max(1, min(2, torch.get_num_threads() // _WORKERS)))
@@ -74,3 +79,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if in_workers(config):
         config.pluginmanager.register(FileProgress(config), "file_progress")
+    if not hasattr(config, "workerinput"):     # the run's first process: one folder for every process's files
+        folder = tempfile.mkdtemp(prefix="gpen-tune-tests-")
+        os.environ[TEST_FILES_ENV] = folder    # inherited by the xdist workers and what they start (Ray, spawn)
+        config.stash[_TEST_FILES] = folder
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(_TEST_FILES, None)
+    if folder is not None:                     # after every worker and child has ended
+        shutil.rmtree(folder, ignore_errors=True)

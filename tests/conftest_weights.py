@@ -6,6 +6,7 @@ Not a conftest.py: the test modules import from here.
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
 import tempfile
 import threading
@@ -20,14 +21,24 @@ import torch
 from gpen_tune.model.configs import MODELS, GPENConfig
 from gpen_tune.weights.checkpoint import synthetic_state_dict
 
-_TMP = Path(tempfile.mkdtemp(prefix="gpen-tune-weights-tests-"))
-atexit.register(shutil.rmtree, _TMP, ignore_errors=True)   # a plain run; xdist workers end without atexit
+# A process's checkpoints live in the test run's folder (tests/conftest.py makes it, and removes it when the run
+# ends): xdist workers and the processes tests start (Ray workers, spawned children) end without atexit.
+TEST_FILES_ENV = "GPEN_TUNE_TEST_FILES"
+
+
+@cache
+def _folder() -> Path:
+    path = Path(tempfile.mkdtemp(prefix=f"weights-{os.getpid()}-", dir=os.environ.get(TEST_FILES_ENV)))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)     # outside a test run
+    return path
 
 
 def remove_files() -> None:
     """Delete the checkpoints this process wrote (tests/conftest.py calls it when the session ends)."""
+    if _folder.cache_info().currsize:
+        shutil.rmtree(_folder(), ignore_errors=True)
+    _folder.cache_clear()
     checkpoint_file.cache_clear()
-    shutil.rmtree(_TMP, ignore_errors=True)
 
 
 @cache
@@ -35,7 +46,7 @@ def checkpoint_file(model: str | GPENConfig, seed: int = 0) -> Path:
     """A checkpoint in the official layout (plain state dict saved with torch.save), written once per process."""
     cfg = model if isinstance(model, GPENConfig) else MODELS[model].config
     name = model if isinstance(model, str) else f"custom-{cfg.size}-{cfg.channel_multiplier}-{cfg.narrow}"
-    path = _TMP / f"{name}-seed{seed}.pth"
+    path = _folder() / f"{name}-seed{seed}.pth"
     torch.save(synthetic_state_dict(cfg, seed=seed), path)
     return path
 
@@ -44,7 +55,7 @@ def jpeg_file() -> Path:
     """A real JPEG (matplotlib's Grace Hopper sample), i.e. a file that is no checkpoint."""
     from matplotlib import cbook
 
-    path = _TMP / "grace_hopper.jpg"
+    path = _folder() / "grace_hopper.jpg"
     if not path.exists():
         with cbook.get_sample_data("grace_hopper.jpg") as f:
             path.write_bytes(f.read())

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -149,6 +150,15 @@ class Finish:
                                 save_faces=save_faces)
 
     def __call__(self, batch: Any) -> Any:
+        if self.staging is None:
+            return self._finish(batch)
+        self.staging.mkdir(parents=True, exist_ok=True)
+        try:
+            return self._finish(batch)
+        finally:          # between batches nothing is staged: an actor ended by the cluster leaves no folder
+            shutil.rmtree(self.staging, ignore_errors=True)
+
+    def _finish(self, batch: Any) -> Any:
         rows = batch.to_pylist()
         for row, job in zip(rows, _jobs(rows), strict=True):
             del row["job"]
