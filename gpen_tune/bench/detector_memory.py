@@ -9,7 +9,9 @@ Without the pipeline part or CUDA the measurement returns the reason it did not 
 
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +36,10 @@ def detector_factory(name: str, device: torch.device, workdir: str | Path | None
             from facexlib.detection.retinaface import RetinaFace  # optional: facexlib
 
             net = RetinaFace(network_name="resnet50", half=False, device="cpu")
-            path = Path(workdir or tempfile.mkdtemp(prefix="gpen-tune-bench-")) / "retinaface_r50_synthetic.pth"
+            if workdir is None:              # the factory builds from this file until the process ends
+                workdir = tempfile.mkdtemp(prefix="gpen-tune-bench-")
+                atexit.register(shutil.rmtree, workdir, ignore_errors=True)
+            path = Path(workdir) / "retinaface_r50_synthetic.pth"
             torch.save(net.state_dict(), path)
             del net
             factory = functools.partial(init_detector, "retinaface_resnet50", device=str(device), weights=path)
