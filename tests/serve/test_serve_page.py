@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 import shutil
 
 import httpx
@@ -39,13 +40,15 @@ return c.toDataURL("image/png").split(",")[1];
 
 
 @pytest.fixture
-def browser():
+def browser(tmp_path_factory):
+    home = tmp_path_factory.mktemp("chromium")        # its profile and the lock folders it leaves in $TMPDIR
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1100,1000",
-                "--force-color-profile=srgb"):
+                "--force-color-profile=srgb", f"--user-data-dir={home / 'profile'}"):
         options.add_argument(arg)
-    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=DRIVER), options=options)
+    service = webdriver.ChromeService(executable_path=DRIVER, env={**os.environ, "TMPDIR": str(home)})
+    driver = webdriver.Chrome(service=service, options=options)
     yield driver
     driver.quit()
 
