@@ -85,8 +85,8 @@ def sizes(small: bool) -> dict:
 
 
 def make_inputs(work: Path, sz: dict, solvay: Path) -> dict:
+    from clip_files import pan_frames, write_clip
     from throughput import build_folder
-    from video import pan_frames, write_clip
 
     from gpen_tune.face import samples
 
@@ -241,8 +241,7 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 def encoder_limits(clip: Path, work: Path) -> dict:
     """libx264 alone on the clip's frames (RGB in, as the pipeline hands them), crf 18, each preset."""
-    import av
-    from video import decoded
+    from clip_files import decoded, write_clip
 
     t0 = time.perf_counter()
     frames = decoded(clip)
@@ -251,14 +250,7 @@ def encoder_limits(clip: Path, work: Path) -> dict:
     for preset in ("medium", "fast", "veryfast", "superfast", "ultrafast"):
         dst = work / f"enc_{preset}.mp4"
         t0 = time.perf_counter()
-        with av.open(str(dst), "w") as c:
-            s = c.add_stream("libx264", rate=25, options={"crf": "18", "preset": preset})
-            s.width, s.height, s.pix_fmt = frames[0].shape[1], frames[0].shape[0], "yuv420p"
-            for i, img in enumerate(frames):
-                f = av.VideoFrame.from_ndarray(img, format="rgb24")
-                f.pts = i
-                c.mux(s.encode(f))
-            c.mux(s.encode(None))
+        write_clip(dst, frames, preset=preset)
         fps = len(frames) / (time.perf_counter() - t0)
         back = decoded(dst)
         out["x264_crf18"][preset] = {"fps": round(fps, 1), "bytes": dst.stat().st_size,

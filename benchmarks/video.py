@@ -25,8 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import av
-import cv2
 import numpy as np
 import torch
 
@@ -34,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from clip_files import decoded, pan_frames, write_clip  # noqa: E402
 from meters import BusyMeter, Sampler  # noqa: E402
 from throughput import environment, metered_pipeline  # noqa: E402
 from timing import Stopwatch, bench_device  # noqa: E402
@@ -43,44 +42,6 @@ from gpen_tune.pipeline.api import Pipeline  # noqa: E402
 from gpen_tune.video.stream import enhance_video  # noqa: E402
 
 TARGETS = {"one_face_fps": 200.0, "speedup_vs_serial": 3.0}
-
-
-def pan_frames(src: np.ndarray, n: int, size: tuple[int, int], noise: float = 0.0, still: bool = False):
-    """n frames: `src` scaled to the frame height on a grey canvas, drifting sideways and zooming a little (the
-    faces stay in view); `noise`: per-frame Gaussian sensor noise; `still`: no motion."""
-    w, h = size
-    rng = np.random.default_rng(0)
-    for i in range(n):
-        t = 0.0 if still else i / max(n - 1, 1)
-        zoom = 0.9 + 0.08 * np.sin(2 * np.pi * t)
-        k = min(h / src.shape[0], w / src.shape[1]) * zoom
-        img = cv2.resize(src, None, fx=k, fy=k, interpolation=cv2.INTER_AREA if k < 1 else cv2.INTER_CUBIC)
-        canvas = np.full((h, w, 3), 128, np.uint8)
-        x0 = int((w - img.shape[1]) * (0.5 + 0.3 * np.sin(2 * np.pi * t)))
-        y0 = (h - img.shape[0]) // 2
-        canvas[y0:y0 + img.shape[0], x0:x0 + img.shape[1]] = img
-        if noise:
-            canvas = np.clip(canvas.astype(np.int16) + rng.normal(0, noise, canvas.shape), 0, 255).astype(np.uint8)
-        yield canvas
-
-
-def write_clip(path: Path, frames, fps: int = 25, crf: int = 18) -> Path:
-    with av.open(str(path), "w") as out:
-        stream = None
-        for i, img in enumerate(frames):
-            if stream is None:
-                stream = out.add_stream("libx264", rate=fps, options={"crf": str(crf)})
-                stream.width, stream.height, stream.pix_fmt = img.shape[1], img.shape[0], "yuv420p"
-            frame = av.VideoFrame.from_ndarray(img, format="rgb24")
-            frame.pts = i
-            out.mux(stream.encode(frame))
-        out.mux(stream.encode(None))
-    return path
-
-
-def decoded(path: Path) -> list[np.ndarray]:
-    with av.open(str(path)) as c:
-        return [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
 
 
 def flicker(frames: list[np.ndarray], box: tuple[int, int, int, int]) -> float:

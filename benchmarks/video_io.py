@@ -22,13 +22,16 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+HERE = ROOT / "benchmarks"
+sys.path.insert(0, str(HERE))
 from results_file import write_result  # noqa: E402
 
 CHILD = """
 import json, sys, time
 from pathlib import Path
 import av
+sys.path.insert(0, sys.argv[4])
+from clip_files import write_clip
 from gpen_tune.video.reader import VideoReader, probe
 from gpen_tune.video.writer import VideoWriter
 clip, work, preset = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
@@ -49,14 +52,7 @@ def bare_decode():
         return [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
 
 def bare_encode(frames):
-    with av.open(str(work / "bare.mp4"), "w") as c:
-        s = c.add_stream("libx264", rate=25, options={"crf": "18", "preset": preset})
-        s.width, s.height, s.pix_fmt = frames[0].shape[1], frames[0].shape[0], "yuv420p"
-        for i, image in enumerate(frames):
-            f = av.VideoFrame.from_ndarray(image, format="rgb24")
-            f.pts = i
-            c.mux(s.encode(f))
-        c.mux(s.encode(None))
+    write_clip(work / "bare.mp4", frames, preset=preset)
 
 def fps(fn, *a):
     fn(*a)                                          # untimed: first-use costs
@@ -71,9 +67,8 @@ print(json.dumps({"reader_fps": fps(reader), "writer_fps": fps(writer, frames),
 
 
 def make_clip(folder: Path, frames: int) -> Path:
-    sys.path.insert(0, str(ROOT))
+    from clip_files import pan_frames, write_clip
     from skimage import data
-    from video import pan_frames, write_clip
 
     return write_clip(folder / "clip.mp4", pan_frames(data.astronaut(), frames, (1920, 1080)))
 
@@ -92,7 +87,7 @@ def main() -> int:
         for r in range(args.rounds):
             for code in args.code:
                 env = dict(os.environ, PYTHONPATH=str(code.resolve()))
-                out = subprocess.run([sys.executable, "-c", CHILD, str(clip), tmp, args.preset], env=env,
+                out = subprocess.run([sys.executable, "-c", CHILD, str(clip), tmp, args.preset, str(HERE)], env=env,
                                      cwd=code.resolve(), capture_output=True, text=True, check=True)
                 figures = {k: round(v, 1) for k, v in json.loads(out.stdout.splitlines()[-1]).items()}
                 runs.append({"round": r + 1, "code": str(code), **figures})
