@@ -12,6 +12,19 @@ DEFAULT_ENCODER_PRESET = "medium"
 SPEED_ENCODER_PRESET = "veryfast"                          # with the tune preset "speed"
 
 
+DEFAULT_DETECT_EVERY = 1                                   # the full detector on every frame
+SPEED_DETECT_EVERY = 4                                     # with the tune preset "speed"
+
+
+def detect_every_for(requested: int | None, tune_preset: str | None) -> int:
+    """Frames per full detection in a video: the number asked for, else 4 under `--preset speed`, else 1."""
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"--detect-every {requested}: use 1 (every frame) or more")
+        return requested
+    return SPEED_DETECT_EVERY if tune_preset == "speed" else DEFAULT_DETECT_EVERY
+
+
 def encoder_preset_for(requested: str | None, tune_preset: str | None) -> str:
     """The x264/x265 speed preset: the one asked for, else veryfast under `--preset speed`, else medium."""
     if requested is not None:

@@ -31,7 +31,7 @@ from gpen_tune.cli._options import panel_option as _opt  # short: it is on every
 from gpen_tune.cli._run import RunOptions, run_command
 from gpen_tune.extras import MissingPart, require
 from gpen_tune.pipeline.conflicts import check_detector_process, check_scale_out, existing_policy
-from gpen_tune.video_presets import encoder_preset_for
+from gpen_tune.video_presets import detect_every_for, encoder_preset_for
 
 IO_PANEL = "Inputs and outputs"
 FACE_PANEL = "Faces"
@@ -142,6 +142,10 @@ def enhance(
     video_preset: Annotated[str | None, _opt("--video-preset", panel=VIDEO_PANEL, metavar="NAME",
                                              show_default=False, help="x264/x265 speed preset (default medium; "
                                              "veryfast with --preset speed).")] = None,
+    detect_every: Annotated[int | None, _opt("--detect-every", panel=VIDEO_PANEL, metavar="N", show_default=False,
+                                             help="Run the full face detector on every Nth video frame; the frames "
+                                             "between follow the faces found there, a fraction of the cost "
+                                             "(default 1: every frame; 4 with --preset speed).")] = None,
     devices: Annotated[str | None, _opt("--devices", panel=SCALE_PANEL, show_default=False, metavar="LIST",
                                         help="Run on several GPUs of this host: all, or numbers such as 0,1,3.")]
     = None,
@@ -170,6 +174,7 @@ def enhance(
     try:
         existing = existing_policy(overwrite, skip_existing)
         encoder_speed = encoder_preset_for(video_preset, preset)
+        key_every = detect_every_for(detect_every, preset)
         check_scale_out(devices, to_ray)
         for needed, part in ((to_ray, "ray"), (bg_upsampler is not None, "spandrel")):
             if needed:
@@ -194,7 +199,8 @@ def enhance(
     options = RunOptions(recursive=recursive, ext=ext, suffix=suffix, name_pattern=name_pattern, existing=existing,
                          save_faces=save_faces, save_comparison=save_comparison, save_mask=save_mask,
                          serial=serial or None, config=SchedulerConfig(workers=workers),
-                         video=VideoOptions(codec=codec, crf=crf, smooth=smooth, encoder_preset=encoder_speed))
+                         video=VideoOptions(codec=codec, crf=crf, smooth=smooth, encoder_preset=encoder_speed,
+                                            detect_every=key_every))
     raise typer.Exit(run_command(names, Path(output), settings, tune, options, report=report, build=build, run=run))
 
 

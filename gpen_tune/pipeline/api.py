@@ -405,12 +405,14 @@ def _nonfinite(pipe: Any) -> int:
 
 @dataclass(frozen=True)
 class VideoOptions:
-    """How videos are written: encoder (None = the input's codec family), quality, landmark smoothing."""
+    """How videos are written: encoder (None = the input's codec family), quality, landmark smoothing, and how
+    often the full detector runs (`detect_every`: 1 = every frame; see `gpen_tune.pipeline.keyframes`)."""
 
     codec: str | None = None
     crf: float | None = None
     smooth: bool = True
     encoder_preset: str | None = None       # libx264/libx265 speed preset (None: medium)
+    detect_every: int = 1
 
 
 def _expected_frames(path: Path) -> int:
@@ -437,7 +439,8 @@ def _run_video(pipe: Pipeline, index: int, file: tuple[Path, str], naming: Outpu
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
         result = enhance_video(path, dst, pipe, codec=options.codec, crf=options.crf, smooth=options.smooth,
-                               encoder_preset=options.encoder_preset, config=config, on_result=on_result,
+                               encoder_preset=options.encoder_preset, detect_every=options.detect_every,
+                               config=config, on_result=on_result,
                                on_faces=on_faces, notify=notify, replace=naming.replace)
     except (VideoReadError, VideoWriteError, OSError, ValueError) as e:
         job.fail(" ".join(str(e).split()) if str(path) in str(e) else f"{path}: {' '.join(str(e).split())}")

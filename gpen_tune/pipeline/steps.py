@@ -33,12 +33,14 @@ from gpen_tune.background.upscale import scale_inverse, upscale_alpha
 from gpen_tune.device_memory import cuda_total
 from gpen_tune.face.align import alignment, cut_faces, cut_faces_device
 from gpen_tune.face.detect import Detection
+from gpen_tune.face.detect.services import follow_faces
 from gpen_tune.face.paste import RestoredFace, blend_aligned, is_small_face, paste_image
 from gpen_tune.imageio import Picture, picture_from_array, read_image
 from gpen_tune.ops import paste as paste_op
 from gpen_tune.ops import warp_crop
 from gpen_tune.ops.transfer import thread_stream
 from gpen_tune.pipeline.job import IMAGE_ERRORS, FaceCrop, ImageJob, one_line
+from gpen_tune.pipeline.keyframes import KeyFrames
 from gpen_tune.pipeline.settings import EnhanceSettings
 
 FaceRef = tuple[ImageJob, int]          # face k of a job
@@ -141,6 +143,7 @@ class Steps:
         """Decode every job (through its loader), detect faces in all of them with one detector call, track them
         (an ordered source: in source order), align and cut. A failure stays on its job."""
         tracked: set[int] = set()
+        keys = self._key_frames
         try:
             for job in jobs:
                 self._decode(job)
@@ -149,7 +152,7 @@ class Steps:
                 for job in live:
                     self._align_whole(job)
                 return list(jobs)
-            found = self._detect(live)
+            found = self._detect(live) if keys is None else self._detect_keyed(live, keys)
             for job in jobs:
                 dets = found.get(id(job))
                 if self.tracker is not None:
@@ -161,6 +164,9 @@ class Steps:
         finally:
             if self.tracker is not None:            # frames that never reached the tracker: later ones go on
                 self._turn.skip([j.index for j in jobs if id(j) not in tracked])
+            if keys is not None:                    # key frames with no detection: their frames detect in full
+                for job in jobs:
+                    keys.give_up(job.index)
 
     def _decode(self, job: ImageJob) -> None:
         t = time.perf_counter()
@@ -181,6 +187,44 @@ class Steps:
         for job in jobs:
             job.add_time("detect", share)
         return {id(job): dets for job, dets in zip(jobs, found, strict=True)}
+
+    @property
+    def _key_frames(self) -> KeyFrames | None:
+        return getattr(self.tracker, "key_frames", None)
+
+    def _detect_keyed(self, jobs: list[ImageJob], keys: KeyFrames) -> dict[int, list[Detection]]:
+        """A video with key frames: key frames detected in full (their faces published at once), the frames
+        between following their key frame's faces; one whose key frame has no answer is detected in full."""
+        t = time.perf_counter()
+        key_jobs = [j for j in jobs if keys.is_key(j.index)]
+        found = dict(zip(map(id, key_jobs), self.detector.detect([j.picture.rgb8() for j in key_jobs]),
+                         strict=True)) if key_jobs else {}
+        for job in key_jobs:
+            keys.publish(job.index, np.array([d.box for d in found[id(job)]]).reshape(-1, 4))
+        full, follow = [], []
+        for job in jobs:
+            if id(job) not in found:
+                boxes = keys.boxes_for(job.index)
+                if boxes is None:
+                    full.append(job)
+                elif len(boxes):
+                    follow.append((job, boxes))
+                else:
+                    found[id(job)] = []
+        if follow:
+            images = [j.picture.rgb8() for j, _ in follow]
+            for (job, boxes), dets in zip(follow, follow_faces(self.detector, images, [b for _, b in follow]),
+                                          strict=True):
+                if len(dets) < len(boxes):      # a face lost (moved too far, or left): this frame in full
+                    full.append(job)
+                else:
+                    found[id(job)] = dets
+        if full:
+            found.update(zip(map(id, full), self.detector.detect([j.picture.rgb8() for j in full]), strict=True))
+        share = (time.perf_counter() - t) / len(jobs) if jobs else 0.0
+        for job in jobs:
+            job.add_time("detect", share)
+        return found
 
     def _track(self, job: ImageJob, dets: list[Detection] | None) -> list[Detection] | None:
         """The ordered step of a tracked source: this frame's detections smoothed against the earlier frames',

@@ -22,6 +22,7 @@ import numpy as np
 
 from gpen_tune.face.detect import default_notify
 from gpen_tune.pipeline.job import ImageJob
+from gpen_tune.pipeline.keyframes import KeyFrames
 from gpen_tune.pipeline.scheduler import RunSummary, SchedulerConfig
 from gpen_tune.pipeline.sources import SourceItem
 from gpen_tune.video.frames import ArrayFrameSource, FrameQueueSink
@@ -67,10 +68,13 @@ class EncoderSink:
 
 
 class FrameTracker:
-    """`FaceTracker` on the frames' own times (pts x time base: variable frame rates keep their timing)."""
+    """`FaceTracker` on the frames' own times (pts x time base: variable frame rates keep their timing), and the
+    video's key frames when the full detector runs only every `detect_every` frames (`key_frames`, read by the
+    detect step)."""
 
-    def __init__(self, fps: float, smooth: bool = True):
+    def __init__(self, fps: float, smooth: bool = True, detect_every: int = 1):
         self.tracker = FaceTracker(fps=fps, smooth=smooth)
+        self.key_frames = KeyFrames(detect_every) if detect_every > 1 else None
 
     def update(self, detections: list, meta: Frame | None) -> list:
         t = None if meta is None else float(meta.pts * meta.time_base)
@@ -97,9 +101,10 @@ def enhance_video(src: str | Path, dst: str | Path, pipeline: Any, *, codec: str
                   config: SchedulerConfig = SchedulerConfig(), on_result: Callable[[ImageJob], None] | None = None,
                   on_faces: Callable[[int], None] | None = None,
                   notify: Callable[[str], None] = default_notify, replace: bool = True,
-                  encoder_preset: str | None = None) -> VideoResult:
+                  encoder_preset: str | None = None, detect_every: int = 1) -> VideoResult:
     """Restore every face of the video `src` into `dst` (written under a temporary name, renamed when complete;
-    `replace=False`: never onto a file that exists by then; `encoder_preset`: x264/x265's speed preset).
+    `replace=False`: never onto a file that exists by then; `encoder_preset`: x264/x265's speed preset;
+    `detect_every`: the full detector on every Nth frame, the frames between follow its faces).
 
     `pipeline`: a `gpen_tune.pipeline.api.Pipeline` (or a `DevicePool`). Ctrl-C (KeyboardInterrupt) or a failure
     leaves no file at `dst` (the temporary file is removed); a `VideoReadError` / `VideoWriteError` names the file
@@ -112,7 +117,7 @@ def enhance_video(src: str | Path, dst: str | Path, pipeline: Any, *, codec: str
     source = FrameSource(reader, str(src), Path(dst).stem, reader.expected_frames)
     try:
         summary = pipeline.run(source, sink, serial=serial, config=config, on_result=on_result,
-                               on_faces=on_faces, tracker=FrameTracker(float(info.fps or 25), smooth))
+                               on_faces=on_faces, tracker=FrameTracker(float(info.fps or 25), smooth, detect_every))
     except BaseException:
         writer.abort()
         raise

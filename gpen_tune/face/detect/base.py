@@ -100,6 +100,28 @@ class FaceDetector:
                     results[i] = _to_detections(boxes, scores, lms, sx, sy, self.threshold)
         return [r or [] for r in results]
 
+    def follow(self, images: Sequence[np.ndarray], boxes: Sequence[np.ndarray]) -> list[list[Detection]]:
+        """Faces of every image near known boxes (`boxes[i]`: [K, 4] x1y1x2y2 in image i's coordinates, e.g. the
+        faces of a video's last key frame): a backend that can check given boxes (`_follow_batch`) does only that,
+        much cheaper than a detection; the others detect the whole image."""
+        if type(self)._follow_batch is FaceDetector._follow_batch:
+            return self.detect(images)
+        results: list[list[Detection]] = []
+        for start in range(0, len(images), self.max_batch):
+            part = list(range(start, min(len(images), start + self.max_batch)))
+            shrunk = [self._shrink(images[i]) for i in part]
+            scaled = [np.asarray(boxes[i], np.float64).reshape(-1, 4) * np.tile(scale, 2)
+                      for i, (_, scale) in zip(part, shrunk, strict=True)]
+            with torch.inference_mode():
+                found = self._follow_batch([small for small, _ in shrunk], scaled)
+            results += [_to_detections(b, s, lm, sx, sy, self.threshold)
+                        for (b, s, lm), (_, (sx, sy)) in zip(found, shrunk, strict=True)]
+        return results
+
+    def _follow_batch(self, batch: list[np.ndarray], boxes: list[np.ndarray]) -> list[tuple[np.ndarray, ...]]:
+        """HWC images (any sizes) and known boxes in their coordinates -> per image (boxes, scores, landmarks)."""
+        raise NotImplementedError
+
     def before_restore(self) -> None:
         """A backend keeps its networks between generator batches (the lazy wrapper releases them)."""
 

@@ -9,7 +9,7 @@ import threading
 from gpen_tune.device_memory import cuda_total
 from gpen_tune.face.detect import mtcnn_batched
 from gpen_tune.face.detect.base import DEFAULT_DET_SIZE, DetectorError, FaceDetector
-from gpen_tune.face.detect.mtcnn_cpu import detect_mtcnn_cpu
+from gpen_tune.face.detect.mtcnn_cpu import detect_mtcnn_cpu, follow_mtcnn_cpu
 from gpen_tune.face.detect.mtcnn_fixed import FixedCanvasPNet
 from gpen_tune.face.detect.mtcnn_nets import load_networks
 from gpen_tune.ops import area_resize as area_ops
@@ -143,3 +143,12 @@ class MTCNNDetector(FaceDetector):
             return mtcnn_batched.detect_mtcnn_batched(*args, nms=self.nms, area=self.area)
         with self._fixed_lock:             # the fixed plan's buffers serve one call at a time
             return mtcnn_batched.detect_mtcnn_batched(*args, fixed=self._fixed_pnet(), nms=self.nms, area=self.area)
+
+    def _follow_batch(self, batch, boxes):
+        if self.rnet is None:
+            raise DetectorError("detector was closed")
+        if not self.mixed_sizes:
+            return [follow_mtcnn_cpu(image, b, self.rnet, self.onet, MTCNN_STAGE_THRESHOLDS)
+                    for image, b in zip(batch, boxes, strict=True)]
+        return mtcnn_batched.follow_mtcnn_batched(batch, boxes, self.rnet, self.onet, MTCNN_STAGE_THRESHOLDS,
+                                                  self.device, nms=self.nms, area=self.area)

@@ -93,6 +93,54 @@ def detect_mtcnn_batched(
         return driver.run()
 
 
+def follow_mtcnn_batched(
+    images: Sequence[np.ndarray],
+    boxes: Sequence[np.ndarray],
+    rnet: torch.nn.Module,
+    onet: torch.nn.Module,
+    thresholds: Sequence[float] = (0.6, 0.7, 0.7),
+    device: str | torch.device | None = None,
+    nms: nms_ops.Impl = "auto",
+    area: area_ops.Impl = "auto",
+) -> list[Result]:
+    """Faces near known boxes: R-Net and O-Net (stages 2 and 3) on `follow_candidates(boxes[i])` of each image
+    instead of P-Net's candidates. The same output as `detect_mtcnn_batched`; no P-Net, so a small part of its
+    cost. How a video follows the faces of its last full detection between key frames."""
+    device = torch.device(device) if device is not None else next(rnet.parameters()).device
+    with torch.inference_mode():
+        canvas, sizes = _upload(images, device)
+        if canvas is None:
+            return []
+        cand = [follow_candidates(b) for b in boxes]
+        img = np.repeat(np.arange(len(cand)), [len(c) for c in cand])
+        if not len(img):
+            return [_empty() for _ in range(len(sizes))]
+        driver = _Driver(integral(canvas), sizes, None, rnet, onet, 20.0, tuple(thresholds), 0.709, nms=nms,
+                         area=area)
+        del canvas
+        cand_t = torch.from_numpy(np.concatenate(cand)).to(device=device, dtype=driver.dtype)
+        img_t = torch.from_numpy(img).to(device)
+        return driver.from_candidates(cand_t, img_t)
+
+
+FOLLOW_SHIFTS = (-0.3, 0.0, 0.3)     # follow_candidates: offsets of each box, in box sides, along x and y
+FOLLOW_SCALES = (1.0, 1.3)           # ... and its sizes
+
+
+def follow_candidates(boxes: np.ndarray) -> np.ndarray:
+    """R-Net candidates [18K, 5] (box, score 1) for K known face boxes [K, 4]: each box squared, at two sizes and
+    shifted by up to 0.3 of its side along x and y, so a face that moved since still fills one of them as a
+    detection's candidate would (stage 2's NMS keeps the best). 18 small crops per face: a tiny part of P-Net's
+    whole-image search."""
+    b = np.asarray(boxes, np.float64).reshape(-1, 4)
+    cx, cy = (b[:, 0] + b[:, 2]) / 2, (b[:, 1] + b[:, 3]) / 2
+    side = np.maximum(b[:, 2] - b[:, 0], b[:, 3] - b[:, 1])
+    rows = [np.stack([cx + dx * side - k * side / 2, cy + dy * side - k * side / 2,
+                      cx + dx * side + k * side / 2, cy + dy * side + k * side / 2, np.ones_like(cx)], 1)
+            for k in FOLLOW_SCALES for dx in FOLLOW_SHIFTS for dy in FOLLOW_SHIFTS]
+    return np.concatenate(rows).astype(np.float32)
+
+
 def _upload(images, device: torch.device) -> tuple[torch.Tensor | None, np.ndarray]:
     """The batch as one zero-padded uint8 canvas [B, H, W, 3] on the device, and each image's (h, w)."""
     if isinstance(images, torch.Tensor):
@@ -138,7 +186,7 @@ class _Driver:
         self.device = table.device
         self.sizes = sizes                                     # host [B, 2] (h, w)
         self.pnet, self.rnet, self.onet = pnet, rnet, onet
-        self.dtype = next(pnet.parameters()).dtype
+        self.dtype = next(rnet.parameters()).dtype
         self.min_face, self.thresholds, self.factor = min_face, thresholds, factor
         self.b = len(sizes)
         self.hw = to_device_async(sizes, self.device) if hw is None else hw   # [>= B, 2] (h, w), int64
@@ -152,6 +200,13 @@ class _Driver:
         if len(boxes):
             boxes, img, scores, points = self._stage3(boxes, img)
             return self._finish(boxes, img, scores, points)
+        return [_empty() for _ in range(self.b)]
+
+    def from_candidates(self, boxes: torch.Tensor, img: torch.Tensor) -> list[Result]:
+        """Stages 2 and 3 from given candidates [K, 5] (box, score) and their image ids (no P-Net)."""
+        boxes, img = self._stage2(boxes, img)
+        if len(boxes):
+            return self._finish(*self._stage3(boxes, img))
         return [_empty() for _ in range(self.b)]
 
     def pyramid(self) -> tuple[list[float], np.ndarray]:

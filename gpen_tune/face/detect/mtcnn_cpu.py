@@ -27,6 +27,7 @@ from gpen_tune.face.detect.mtcnn_batched import (
     _NORM_SCALE,
     _STRIDE,
     _empty,
+    follow_candidates,
     min_nms_host,
     pyramid_scales,
     regress,
@@ -56,6 +57,20 @@ def detect_mtcnn_cpu(image: np.ndarray, pnet: torch.nn.Module, rnet: torch.nn.Mo
             boxes = _refine(img, boxes, rnet, thresholds[1])
         if len(boxes):
             return _output(img, boxes, onet, thresholds[2])
+    return _empty()
+
+
+def follow_mtcnn_cpu(image: np.ndarray, boxes: np.ndarray, rnet: torch.nn.Module, onet: torch.nn.Module,
+                     thresholds: Sequence[float] = (0.6, 0.7, 0.7)) -> Result:
+    """Faces of one image near known boxes [K, 4]: stages 2 and 3 on `follow_candidates(boxes)` instead of P-Net's
+    candidates (the same output as `detect_mtcnn_cpu`, without its pyramid)."""
+    if not len(boxes):
+        return _empty()
+    with torch.inference_mode():
+        img = torch.from_numpy(np.ascontiguousarray(image))[None].permute(0, 3, 1, 2).float()
+        cand = _refine(img, torch.from_numpy(follow_candidates(boxes)), rnet, thresholds[1])
+        if len(cand):
+            return _output(img, cand, onet, thresholds[2])
     return _empty()
 
 

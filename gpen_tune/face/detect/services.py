@@ -19,6 +19,7 @@ generator that memory. Detections do not depend on when the detector was built; 
 
 from __future__ import annotations
 
+import functools
 import gc
 import queue
 import threading
@@ -31,7 +32,7 @@ import numpy as np
 import torch
 
 from gpen_tune.device_memory import cuda_memory
-from gpen_tune.face.detect.base import Detection, detect_shrunk
+from gpen_tune.face.detect.base import Detection, detect_shrunk, rescale, shrink_for_detection
 from gpen_tune.tune.cuda_graph import settle
 
 MAX_IMAGES = 32      # images per service call (a backend splits them by its own `max_batch`)
@@ -40,13 +41,22 @@ POLICIES = ("tight", "always", "never")
 DEFAULT_MIN_FREE_BYTES = 4 * 1024**3  # release when less than this is free before a generator batch
 
 
+def follow_faces(detector: Any, images: Sequence[np.ndarray], boxes: Sequence[np.ndarray]) -> list[list[Detection]]:
+    """Faces of every image near known boxes (`boxes[i]` [K, 4] in image i's coordinates): the detector's `follow`
+    where it has one (`FaceDetector.follow`), else a full detection."""
+    follow = getattr(detector, "follow", None)
+    return follow(images, boxes) if callable(follow) else detector.detect(images)
+
+
 class DetectRequest:
-    """One caller's images, the server's answer (`result` or `error`), and `done` to wait on."""
+    """One caller's images (with `boxes` per image: a request to follow known faces, see `follow_faces`), the
+    server's answer (`result` or `error`), and `done` to wait on."""
 
-    __slots__ = ("done", "error", "images", "result")
+    __slots__ = ("boxes", "done", "error", "images", "result")
 
-    def __init__(self, images: list[np.ndarray]):
+    def __init__(self, images: list[np.ndarray], boxes: list[np.ndarray] | None = None):
         self.images = images
+        self.boxes = boxes
         self.done = threading.Event()
         self.result: list | None = None
         self.error: BaseException | None = None
@@ -62,7 +72,8 @@ def call_summary(service: Any) -> dict[str, Any] | None:
     busy = own.get("busy_s")
     return {"calls": service.calls, "images": service.images, "largest": service.largest,
             "calls_by_size": {str(k): v for k, v in sorted(sizes.items())},
-            "busy_s": None if busy is None else round(busy, 4)}
+            "busy_s": None if busy is None else round(busy, 4),
+            "follow_calls": own.get("follow_calls", 0), "followed": own.get("followed", 0)}
 
 
 def take_batch(requests: queue.Queue[DetectRequest | None], max_images: int) -> list[DetectRequest] | None:
@@ -90,7 +101,8 @@ class BatchingDetector:
 
     Attributes (for the run report and benchmarks): `calls` detector calls made, `images` images detected,
     `largest` biggest batch, `sizes` calls by their number of images, `busy_s` wall seconds spent inside
-    successful detector calls; `own_stream` / `stream_priority` (see `_detect_on_own_stream`) and `max_images`
+    successful detector calls (follow calls included), `follow_calls` / `followed` calls and images that followed
+    known faces; `own_stream` / `stream_priority` (see `_detect_on_own_stream`) and `max_images`
     (images per detector call) may be set before a run.
     Everything else (`name`, `device`, `det_size`, ...) is read from the wrapped detector.
     """
@@ -113,6 +125,8 @@ class BatchingDetector:
         self.largest = 0
         self.sizes: Counter[int] = Counter()   # detector calls by their number of images
         self.busy_s = 0.0                 # wall time inside detector calls (its share of a run: is it the limit?)
+        self.follow_calls = 0
+        self.followed = 0
 
     @property
     def inner(self) -> Any:
@@ -148,8 +162,18 @@ class BatchingDetector:
             return detect_shrunk(self._detect, images, self._det_size)
         return self._detect(images)
 
-    def _detect(self, images: Sequence[np.ndarray]) -> list:
-        req = DetectRequest(list(images))
+    def follow(self, images: Sequence[np.ndarray], boxes: Sequence[np.ndarray]) -> list[list[Detection]]:
+        """`follow_faces` through the server thread: shrunk in the caller, batched with other callers' follows."""
+        if not images:
+            return []
+        shrunk = [shrink_for_detection(img, self._det_size) for img in images]
+        scaled = [np.asarray(b, np.float64).reshape(-1, 4) * np.tile(scale, 2)
+                  for b, (_, scale) in zip(boxes, shrunk, strict=True)]
+        found = self._detect([small for small, _ in shrunk], scaled)
+        return [rescale(dets, sx, sy) for dets, (_, (sx, sy)) in zip(found, shrunk, strict=True)]
+
+    def _detect(self, images: Sequence[np.ndarray], boxes: list[np.ndarray] | None = None) -> list:
+        req = DetectRequest(list(images), boxes)
         with self._lock:
             if self._closed:
                 raise RuntimeError("detector was closed")
@@ -167,15 +191,26 @@ class BatchingDetector:
             self._run(batch)
 
     def _run(self, batch: list[DetectRequest]) -> None:
+        """Detections and follows of one batch: one inner call for each kind present."""
+        for group in ([r for r in batch if r.boxes is None], [r for r in batch if r.boxes is not None]):
+            if group:
+                self._run_group(group)
+
+    def _run_group(self, batch: list[DetectRequest]) -> None:
         images = [im for r in batch for im in r.images]
+        boxes = None if batch[0].boxes is None else [b for r in batch for b in r.boxes]
         start_s = time.perf_counter()
         try:
-            found = self._detect_on_own_stream(images)
+            found = self._detect_on_own_stream(images, boxes)
             self.busy_s += time.perf_counter() - start_s
-            self.calls += 1
-            self.images += len(images)
-            self.largest = max(self.largest, len(images))
-            self.sizes[len(images)] += 1
+            if boxes is None:
+                self.calls += 1
+                self.images += len(images)
+                self.largest = max(self.largest, len(images))
+                self.sizes[len(images)] += 1
+            else:
+                self.follow_calls += 1
+                self.followed += len(images)
             start = 0
             for r in batch:
                 r.result = found[start:start + len(r.images)]
@@ -185,23 +220,24 @@ class BatchingDetector:
                 batch[0].error = exc
             else:                               # isolate the failing image(s): one call per request
                 for r in batch:
-                    self._run([r])
+                    self._run_group([r])
                 return
         for r in batch:
             r.done.set()
 
-    def _detect_on_own_stream(self, images: list) -> list:
+    def _detect_on_own_stream(self, images: list, boxes: list | None = None) -> list:
         """The detector's kernels and host syncs on a stream of their own: on the default stream every sync of the
         detector (a few per batch) also waited for the generator batch queued before it. A high-priority stream
         was tried and measured no faster (H200, A/B/A in one run: 385 / 419 / 397 faces/s for high / default /
         high, benchmarks/results/20261130-230700*), so it has the default priority."""
         device = getattr(self._inner, "device", None)
+        call = self._inner.detect if boxes is None else functools.partial(follow_faces, self._inner, boxes=boxes)
         if not self.own_stream or device is None or torch.device(device).type != "cuda":
-            return self._inner.detect(images)
+            return call(images)
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=device, priority=self._stream_priority)
         with torch.cuda.stream(self._stream):
-            return self._inner.detect(images)
+            return call(images)
 
     def close(self, inner: bool = True) -> None:
         """Stop the serving thread; `inner=False` leaves the wrapped detector open (its owner closes it)."""
@@ -281,6 +317,9 @@ class LazyDetector:
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
         return self.detector.detect(images)
 
+    def follow(self, images: Sequence[np.ndarray], boxes: Sequence[np.ndarray]) -> list[list[Detection]]:
+        return follow_faces(self.detector, images, boxes)
+
     def to(self, device: str | torch.device) -> LazyDetector:
         self._device = torch.device(device)
         if self._detector is not None and hasattr(self._detector, "to"):
@@ -340,6 +379,12 @@ class SharedDetector:
         return self._inner
 
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
+        return self._shared(self._inner.detect, images)
+
+    def follow(self, images: Sequence[np.ndarray], boxes: Sequence[np.ndarray]) -> list[list[Detection]]:
+        return self._shared(functools.partial(follow_faces, self._inner, boxes=boxes), images)
+
+    def _shared(self, call: Callable[[Sequence[np.ndarray]], list], images: Sequence[np.ndarray]) -> list:
         with self._cond:
             while self._releasing:
                 self._cond.wait()
@@ -347,7 +392,7 @@ class SharedDetector:
             if getattr(self._inner, "loaded", True) is False:
                 _ = self._inner.detector           # rebuild once, here, not in several threads at the same time
         try:
-            return self._inner.detect(images)
+            return call(images)
         finally:
             with self._cond:
                 self._readers -= 1
