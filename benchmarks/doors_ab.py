@@ -63,6 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     ap.add_argument("--image", type=Path, default=SOLVAY)
     ap.add_argument("--extra", default="", help="extra enhance options for every CLI run (quoted)")
+    ap.add_argument("--code-extra", action="append", default=None,
+                    help="extra enhance options of each --code in turn (quoted, '' for none): one checkout twice "
+                         "with two settings is an A/B of a flag")
+    ap.add_argument("--video-frames", type=int, default=None, help="frames of each test clip (default: doors.py's)")
     ap.add_argument("--fresh-caches", action="store_true", help="empty the kernel caches before every checkout's "
                     "runs: each one_photo_cold is a first-ever run (compare every round)")
     ap.add_argument("--tag", default="")
@@ -72,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
 
     device = bench_device(args.device)
     sz = sizes(args.small)
+    sz["video_frames"] = args.video_frames or sz["video_frames"]
+    code_extra = args.code_extra or [""] * len(args.code)
+    if len(code_extra) != len(args.code):
+        ap.error("give one --code-extra per --code")
     work = Path(tempfile.mkdtemp(prefix="gpen-doors-ab-"))
     inputs = make_inputs(work, sz, args.image)
     only = set(args.only.split(","))
@@ -79,17 +87,18 @@ def main(argv: list[str] | None = None) -> int:
     rounds: list[dict] = []
     result = {"benchmark": "doors_ab", "command": shlex.join([Path(sys.executable).name, *sys.argv]),
               "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "environment": environment(),
-              "device": device.type, "sizes": sz, "codes": [str(c) for c in codes], "only": sorted(only),
+              "device": device.type, "sizes": sz, "codes": [str(c) for c in codes], "code_extra": code_extra,
+              "only": sorted(only),
               "folder": inputs["folder_info"], "complete": False, "runs": rounds}
     name = ((result["environment"].get("gpu") if device.type == "cuda" else None) or "cpu").replace(" ", "-")
     tag = f"_{args.tag}" if args.tag else ""
     path = result_path(args.out, f"doors_ab_{name}{tag}")
     for r in range(args.rounds):
-        for code in codes:
+        for code, extra in zip(codes, code_extra, strict=True):
             if args.fresh_caches:
                 shutil.rmtree(work / "kernel-caches", ignore_errors=True)
-            runs = user_runs(inputs, sz, device.type, shlex.split(args.extra), code, only)
-            row = {"round": r + 1, "code": str(code), "imports_s": runs["imports"]["wall_s"]}
+            runs = user_runs(inputs, sz, device.type, shlex.split(args.extra) + shlex.split(extra), code, only)
+            row = {"round": r + 1, "code": str(code), "extra": extra, "imports_s": runs["imports"]["wall_s"]}
             row |= {name: figures(name, run) for name, run in runs.items() if name != "imports"}
             rounds.append(row)
             print(json.dumps(row), flush=True)
