@@ -381,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--video-frames", type=int, default=None,
                     help="frames of each test clip (default: issue 37's 240; the CPU form 12); a longer clip shows "
                          "the rate once start-up and warm-up are spread over it")
+    ap.add_argument("--video-size", default=None, metavar="WxH", help="the test clips' size (default: 1920x1080; "
+                    "the CPU form 640x360)")
     ap.add_argument("--folder-images", type=int, default=None,
                     help="photos in the folder (default: issue 37's 1,024; the CPU form 8)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
@@ -392,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     device = bench_device(args.device)
     sz = sizes(args.small)
     sz["video_frames"] = args.video_frames or sz["video_frames"]
+    sz["video_size"] = tuple(map(int, args.video_size.split("x"))) if args.video_size else sz["video_size"]
     sz["folder_images"] = args.folder_images or sz["folder_images"]
     work = Path(tempfile.mkdtemp(prefix="gpen-doors-"))
     command = shlex.join([Path(sys.executable).name, *sys.argv])

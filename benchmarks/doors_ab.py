@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--code-extra", action="append", default=None,
                     help="extra enhance options of each --code in turn (quoted, '' for none): one checkout twice "
                          "with two settings is an A/B of a flag")
+    ap.add_argument("--video-size", default=None, metavar="WxH", help="the test clips' size (default: 1920x1080; "
+                    "the CPU form 640x360)")
     ap.add_argument("--video-frames", type=int, default=None, help="frames of each test clip (default: doors.py's)")
     ap.add_argument("--fresh-caches", action="store_true", help="empty the kernel caches before every checkout's "
                     "runs: each one_photo_cold is a first-ever run (compare every round)")
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     device = bench_device(args.device)
     sz = sizes(args.small)
     sz["video_frames"] = args.video_frames or sz["video_frames"]
+    sz["video_size"] = tuple(map(int, args.video_size.split("x"))) if args.video_size else sz["video_size"]
     code_extra = args.code_extra or [""] * len(args.code)
     if len(code_extra) != len(args.code):
         ap.error("give one --code-extra per --code")
