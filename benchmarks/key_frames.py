@@ -3,7 +3,8 @@ of every frame, on frames of the benchmark clips (1080p, the face or the 9-face 
 
 For each N: faces found per frame by following (and frames that fell back to a full detection because a face was
 lost), the landmark distance to the full detection's (pixels, and as a share of the eye distance), and the
-detector's time per frame: a full detection against a follow, one frame per call, interleaved.
+detector's time per frame: a full detection against a follow, one frame per call, interleaved. For scale: how far
+a full detection's own landmarks move when the frame is moved by 3 px.
 
     python benchmarks/key_frames.py [--frames 48] [--clip-frames 240] [--every 2,4,8] [--device cpu]
 
@@ -64,6 +65,19 @@ def clip_stats(detector, frames: list[np.ndarray], every: int) -> dict:
             "landmark_share_of_eye_distance_mean": round(statistics.mean(rel), 4) if rel else None}
 
 
+def detection_noise(detector, frames: list[np.ndarray], shift: int = 3) -> dict:
+    """How far a full detection's own landmarks move when the frame moves by `shift` px (shifted back): the scale
+    against which following's distances are read."""
+    errors = []
+    for frame in frames:
+        moved = np.roll(frame, (shift, shift), axis=(0, 1))
+        a, b = detector.detect([frame])[0], detector.detect([moved])[0]
+        for f, g in match(a, [type(d)(d.box - shift, d.score, d.landmarks - shift) for d in b]):
+            errors.append(float(np.linalg.norm(f.landmarks - g.landmarks, axis=1).mean()))
+    return {"shift_px": shift, "landmark_px_mean": round(statistics.mean(errors), 3) if errors else None,
+            "landmark_px_p95": round(float(np.percentile(errors, 95)), 3) if errors else None}
+
+
 def timing(detector, frames: list[np.ndarray], rounds: int) -> dict:
     """ms per frame: a full detection against following its own faces, one frame per call, interleaved."""
     from gpen_tune.face.detect.services import follow_faces
@@ -110,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             frames.append(f)
         row = {"stats": [clip_stats(detector, frames, int(n)) for n in args.every.split(",")],
+               "full_detection_moved": detection_noise(detector, frames[::6]),
                "timing": timing(detector, frames[:8], args.rounds)}
         result["clips"][name] = row
         print(name, json.dumps(row, indent=1))
