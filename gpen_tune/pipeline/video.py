@@ -132,7 +132,7 @@ def enhance_video(src: str | Path, dst: str | Path, pipeline: Any, *, codec: str
 
 
 def enhance_frames(frames: Iterable[np.ndarray], pipeline: Any, fps: float = 30.0, *, smooth: bool = True,
-                   config: SchedulerConfig = SchedulerConfig()) -> Iterator[np.ndarray]:
+                   config: SchedulerConfig = SchedulerConfig(), detect_every: int = 1) -> Iterator[np.ndarray]:
     """Restored frames, in order, for frames from any iterator of HWC RGB arrays (a webcam, another decoder).
 
     The pipeline runs on a thread of its own; frames come back as they are encoded-ready, at most a few queued."""
@@ -144,7 +144,7 @@ def enhance_frames(frames: Iterable[np.ndarray], pipeline: Any, fps: float = 30.
 
     def work() -> None:
         try:
-            pipeline.run(source, sink, config=config, tracker=FrameTracker(fps, smooth))
+            pipeline.run(source, sink, config=config, tracker=FrameTracker(fps, smooth, detect_every))
         except BaseException as e:  # handed to the consumer below
             failure.append(e)
             queue_sink.abort(str(e))
