@@ -134,7 +134,7 @@ def enhance(
                                            help="Run the detector in its own process (big folders on a GPU).")]
     = False,
     codec: Annotated[str | None, _opt("--codec", panel=VIDEO_PANEL, metavar="NAME", help="Video encoder, e.g. "
-                                      "libx265, h264_nvenc (default: the input's codec family).")] = None,
+                                      "libx265, h264_nvenc (default: the input's family).")] = None,
     crf: Annotated[float | None, _opt("--crf", panel=VIDEO_PANEL, metavar="Q", help="Video quality, lower is "
                                       "better (default: visually lossless for the codec).")] = None,
     smooth: Annotated[bool, _opt("--smooth/--no-smooth", panel=VIDEO_PANEL, show_default=False,
@@ -143,9 +143,8 @@ def enhance(
                                              show_default=False, help="x264/x265 speed preset (default medium; "
                                              "veryfast with --preset speed).")] = None,
     detect_every: Annotated[int | None, _opt("--detect-every", panel=VIDEO_PANEL, metavar="N", show_default=False,
-                                             help="Run the full face detector on every Nth video frame; the frames "
-                                             "between follow the faces found there, a fraction of the cost "
-                                             "(default 1: every frame; 4 with --preset speed).")] = None,
+                                             help="Full detection every Nth frame, the rest follow it (default 1; "
+                                             "speed 4).")] = None,
     devices: Annotated[str | None, _opt("--devices", panel=SCALE_PANEL, show_default=False, metavar="LIST",
                                         help="Run on several GPUs of this host: all, or numbers such as 0,1,3.")]
     = None,

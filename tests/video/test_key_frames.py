@@ -134,7 +134,9 @@ def test_a_video_with_key_frames_restores_every_face_close_to_detecting_every_fr
     # following moves landmarks by 1-2 px (O-Net sees other boxes than after P-Net and R-Net): measured 1.96
     # against 4.82 grey levels here; a lost or misplaced face would differ by about as much as restoring did
     assert apart < 0.5 * restored, (apart, restored)
-    assert np.array_equal(a[0], b[0])                                   # a key frame: the same detection
+    # frame 0 is a key frame: the same detection; only the generator's batch composition may differ between
+    # the runs (the pipeline's tolerance: 3 grey levels)
+    assert np.abs(a[0] - b[0]).max() <= 3
 
 
 def test_a_frame_that_loses_its_face_is_detected_in_full(tmp_path, pipeline):
