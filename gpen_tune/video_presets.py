@@ -12,17 +12,19 @@ DEFAULT_ENCODER_PRESET = "medium"
 SPEED_ENCODER_PRESET = "veryfast"                          # with the tune preset "speed"
 
 
-DEFAULT_DETECT_EVERY = 1                                   # the full detector on every frame
-SPEED_DETECT_EVERY = 4                                     # with the tune preset "speed"
+# Frames per full detection in a video, whatever the tune preset: following faces between key frames pays on the
+# CPU, where a detection costs ~6x a follow, but not on a GPU, where both are a few ms of launches and syncs and the
+# video is limited elsewhere (benchmarks/RESULTS.md, "Key frames in a video").
+DEFAULT_DETECT_EVERY = 1
 
 
-def detect_every_for(requested: int | None, tune_preset: str | None) -> int:
-    """Frames per full detection in a video: the number asked for, else 4 under `--preset speed`, else 1."""
-    if requested is not None:
-        if requested < 1:
-            raise ValueError(f"--detect-every {requested}: use 1 (every frame) or more")
-        return requested
-    return SPEED_DETECT_EVERY if tune_preset == "speed" else DEFAULT_DETECT_EVERY
+def detect_every_for(requested: int | None) -> int:
+    """Frames per full detection in a video: the number asked for (at least 1), else every frame."""
+    if requested is None:
+        return DEFAULT_DETECT_EVERY
+    if requested < 1:
+        raise ValueError(f"--detect-every {requested}: use 1 (every frame) or more")
+    return requested
 
 
 def encoder_preset_for(requested: str | None, tune_preset: str | None) -> str:

@@ -143,8 +143,8 @@ def enhance(
                                              show_default=False, help="x264/x265 speed preset (default medium; "
                                              "veryfast with --preset speed).")] = None,
     detect_every: Annotated[int | None, _opt("--detect-every", panel=VIDEO_PANEL, metavar="N", show_default=False,
-                                             help="Full detection every Nth frame, the rest follow it (default 1; "
-                                             "speed 4).")] = None,
+                                             help="Full face detection every Nth frame, the rest follow its faces "
+                                             "(default 1).")] = None,
     devices: Annotated[str | None, _opt("--devices", panel=SCALE_PANEL, show_default=False, metavar="LIST",
                                         help="Run on several GPUs of this host: all, or numbers such as 0,1,3.")]
     = None,
@@ -173,7 +173,7 @@ def enhance(
     try:
         existing = existing_policy(overwrite, skip_existing)
         encoder_speed = encoder_preset_for(video_preset, preset)
-        key_every = detect_every_for(detect_every, preset)
+        key_every = detect_every_for(detect_every)
         check_scale_out(devices, to_ray)
         for needed, part in ((to_ray, "ray"), (bg_upsampler is not None, "spandrel")):
             if needed:

@@ -159,11 +159,9 @@ def test_a_frame_that_loses_its_face_is_detected_in_full(tmp_path, pipeline):
     assert (moved > 2.0).all(), moved                                   # the face where it jumped to: restored
 
 
-def test_the_cli_takes_detect_every_and_speed_defaults_to_four(tmp_path):
-    assert detect_every_for(None, None) == 1
-    assert detect_every_for(None, "balanced") == 1
-    assert detect_every_for(None, "speed") == 4
-    assert detect_every_for(2, "speed") == 2
+def test_the_cli_takes_detect_every_and_defaults_to_every_frame(tmp_path):
+    assert detect_every_for(None) == 1
+    assert detect_every_for(2) == 2
     src = make_clip(tmp_path / "clip.mp4", n=6, size=(320, 240))
     command = typer.main.get_command(app)
     head = ["enhance"] if hasattr(command, "commands") else []
