@@ -38,13 +38,13 @@ MAX_FRAME_PIXELS = 8192 * 4320
 # 1080p with the flags above one takes ~4-8 ms, in the reading or encoding thread a cost added to every frame.
 CONVERT_THREADS = min(4, os.cpu_count() or 1)
 CONVERT_AHEAD_BYTES = 64 << 20         # RGB frames converting ahead of the one yielded / encoded: 8 at 1080p, 1 at 8K
+MAX_LISTED_PTS = 64               # corrupt / filled frame timestamps kept in the report (the counts are exact)
 
 
 def convert_ahead(info: VideoInfo) -> int:
     """How many frames of `info`'s size may be converting at once (1 to two per conversion thread)."""
     frame_bytes = info.width * info.height * 3 * (2 if info.bit_depth > 8 else 1)
     return max(1, min(2 * CONVERT_THREADS, CONVERT_AHEAD_BYTES // max(frame_bytes, 1)))
-MAX_LISTED_PTS = 64               # corrupt / filled frame timestamps kept in the report (the counts are exact)
 
 
 class VideoReadError(RuntimeError):

@@ -106,16 +106,15 @@ class FaceDetector:
         much cheaper than a detection; the others detect the whole image."""
         if type(self)._follow_batch is FaceDetector._follow_batch:
             return self.detect(images)
+        return follow_shrunk(self._follow_shrunk, images, boxes, self.det_size)
+
+    def _follow_shrunk(self, images: Sequence[np.ndarray], boxes: Sequence[np.ndarray]) -> list[list[Detection]]:
         results: list[list[Detection]] = []
         for start in range(0, len(images), self.max_batch):
-            part = list(range(start, min(len(images), start + self.max_batch)))
-            shrunk = [self._shrink(images[i]) for i in part]
-            scaled = [np.asarray(boxes[i], np.float64).reshape(-1, 4) * np.tile(scale, 2)
-                      for i, (_, scale) in zip(part, shrunk, strict=True)]
+            end = start + self.max_batch
             with torch.inference_mode():
-                found = self._follow_batch([small for small, _ in shrunk], scaled)
-            results += [_to_detections(b, s, lm, sx, sy, self.threshold)
-                        for (b, s, lm), (_, (sx, sy)) in zip(found, shrunk, strict=True)]
+                found = self._follow_batch(list(images[start:end]), list(boxes[start:end]))
+            results += [_to_detections(b, s, lm, 1.0, 1.0, self.threshold) for b, s, lm in found]
         return results
 
     def _follow_batch(self, batch: list[np.ndarray], boxes: list[np.ndarray]) -> list[tuple[np.ndarray, ...]]:
@@ -181,6 +180,16 @@ def detect_shrunk(detect, images, det_size: int) -> list[list[Detection]]:
     coordinates: the caller's thread does the resizing (the detector services' callers use this)."""
     shrunk = [shrink_for_detection(img, det_size) for img in images]
     found = detect([small for small, _ in shrunk])
+    return [rescale(dets, sx, sy) for dets, (_, (sx, sy)) in zip(found, shrunk, strict=True)]
+
+
+def follow_shrunk(follow, images, boxes, det_size: int | None) -> list[list[Detection]]:
+    """`follow` (images, known boxes -> detections per image) run on copies shrunk to det_size with the boxes
+    scaled alike, results in the originals' coordinates (`detect_shrunk`'s twin for following)."""
+    shrunk = [shrink_for_detection(img, det_size) for img in images]
+    scaled = [np.asarray(b, np.float64).reshape(-1, 4) * np.tile(scale, 2)
+              for b, (_, scale) in zip(boxes, shrunk, strict=True)]
+    found = follow([small for small, _ in shrunk], scaled)
     return [rescale(dets, sx, sy) for dets, (_, (sx, sy)) in zip(found, shrunk, strict=True)]
 
 

@@ -115,8 +115,8 @@ def follow_mtcnn_batched(
         img = np.repeat(np.arange(len(cand)), [len(c) for c in cand])
         if not len(img):
             return [_empty() for _ in range(len(sizes))]
-        driver = _Driver(integral(canvas), sizes, None, rnet, onet, 20.0, tuple(thresholds), 0.709, nms=nms,
-                         area=area)
+        driver = _Driver(integral(canvas), sizes, None, rnet, onet, min_face=0.0, thresholds=tuple(thresholds),
+                         factor=0.0, nms=nms, area=area)          # no P-Net: no pyramid (min_face, factor)
         del canvas
         cand_t = torch.from_numpy(np.concatenate(cand)).to(device=device, dtype=driver.dtype)
         img_t = torch.from_numpy(img).to(device)

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from gpen_tune.device_memory import cuda_memory
-from gpen_tune.face.detect.base import Detection, detect_shrunk, rescale, shrink_for_detection
+from gpen_tune.face.detect.base import Detection, detect_shrunk, follow_shrunk
 from gpen_tune.tune.cuda_graph import settle
 
 MAX_IMAGES = 32      # images per service call (a backend splits them by its own `max_batch`)
@@ -166,11 +166,7 @@ class BatchingDetector:
         """`follow_faces` through the server thread: shrunk in the caller, batched with other callers' follows."""
         if not images:
             return []
-        shrunk = [shrink_for_detection(img, self._det_size) for img in images]
-        scaled = [np.asarray(b, np.float64).reshape(-1, 4) * np.tile(scale, 2)
-                  for b, (_, scale) in zip(boxes, shrunk, strict=True)]
-        found = self._detect([small for small, _ in shrunk], scaled)
-        return [rescale(dets, sx, sy) for dets, (_, (sx, sy)) in zip(found, shrunk, strict=True)]
+        return follow_shrunk(self._detect, images, boxes, self._det_size)
 
     def _detect(self, images: Sequence[np.ndarray], boxes: list[np.ndarray] | None = None) -> list:
         req = DetectRequest(list(images), boxes)
