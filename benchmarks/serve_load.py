@@ -246,6 +246,8 @@ def start_server(args: argparse.Namespace, spool: Path) -> tuple[subprocess.Pope
         cmd += ["--detector-process"]
     if args.detector_thread:
         cmd += ["--detector-thread"]
+    if args.detector_processes:
+        cmd += ["--detector-processes", str(args.detector_processes)]
     code = str((args.code or REPO).resolve())                  # whose gpen_tune the server runs
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [code, os.environ.get("PYTHONPATH")])))
     log = spool.parent / f"{spool.name}-server.log"            # the server's own output, shown if it fails
@@ -290,6 +292,7 @@ def main() -> None:
     where = ap.add_mutually_exclusive_group()      # neither: the server's default (a process on a GPU)
     where.add_argument("--detector-process", action="store_true", help="the server's --detector-process")
     where.add_argument("--detector-thread", action="store_true", help="the server's --detector-thread")
+    ap.add_argument("--detector-processes", type=int, default=None, help="the server's --detector-processes")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--requests", type=int, default=32, help="requests of the K-client phase")
     ap.add_argument("--sequential-requests", type=int, default=None, help="of each one-at-a-time phase "
@@ -330,8 +333,8 @@ def main() -> None:
         for proc, url, cmd, log in servers:       # started side by side, ready one by one
             wait_ready(proc, url, cmd, log)
         if args.profile is not None:
-            spy = subprocess.Popen([py_spy(), "record", "--pid", str(pids[0]), "--threads", "--nonblocking", "-f",
-                                    "raw", "-r", "100", "-o", str(args.profile)])
+            spy = subprocess.Popen([py_spy(), "record", "--pid", str(pids[0]), "--threads", "--subprocesses",
+                                    "--nonblocking", "-f", "raw", "-r", "100", "-o", str(args.profile)])
         workers = int(metric(urls[0], "gpen_serve_generator_workers"))
         run_phase(urls, bodies[: args.warmup], min(args.clients, max(args.warmup, len(urls))))
         phases = {"one_at_a_time_0": run_phase(urls, bodies[:seq_n], 1, server_pids=pids)}
@@ -359,6 +362,7 @@ def main() -> None:
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                           "load_avg_start_end": os.getloadavg()}}
     replicas = f"_r{args.replicas}" if args.replicas > 1 else ""
+    replicas += f"_d{args.detector_processes}" if args.detector_processes else ""
     path = write_result(args.out, f"serve_load_{args.device}_{args.model}_k{args.clients}{replicas}", result)
     for name, p in list(phases.items()) + [(f"all {k}", v) for k, v in kinds.items()]:
         print(f"{name:20s} {p['clients']:3d} clients  {p['requests_per_s']:7.2f} req/s  {p['faces_per_s']:7.2f} "

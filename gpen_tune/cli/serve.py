@@ -55,6 +55,10 @@ def serve(
                                                    "GIL: more faces/s under many concurrent requests; about 10 s "
                                                    "more at start), or on a thread of the server. Default: a "
                                                    "process on a GPU, a thread on the CPU.")] = None,
+    detector_processes: Annotated[int | None, _opt("--detector-processes", panel=MODEL_PANEL, metavar="N",
+                                                    show_default=False,
+                                                    help="Detector processes side by side, fed from one queue "
+                                                    "(implies --detector-process; default 1).")] = None,
     preset: PresetOpt = None,
     spool: Annotated[Path, _opt("--spool", panel=LIMIT_PANEL, help="Folder of jobs and uploads in progress.")]
     = Path("gpen-serve-spool"),
@@ -99,11 +103,13 @@ def serve(
     try:
         dev = resolve_device(device, notice)
         tune, origin = tune_config_from_options(preset, device=dev.type)
-        detector_process = serve_detector_process(detector_process, dev.type, tune.lazy_detector)
+        detector_process = serve_detector_process(detector_process, dev.type, tune.lazy_detector,
+                                                  detector_processes)
         settings = EnhanceSettings(model=model, weights=weights, device=str(dev), detector=detector,
                                    det_size=detection_size(None, tune.face_crop),
                                    parse_mask=parse_mask, parse_weights=parse_weights, batch_size=batch_size,
-                                   detector_process=detector_process)
+                                   detector_process=detector_process,
+                                   detector_processes=1 if detector_processes is None else detector_processes)
         check_detector_process(detector_process, tune.lazy_detector)
         limits = ServeLimits(max_upload_bytes=int(max_upload_mb * 2**20), max_pixels=int(max_megapixels * 1e6),
                              max_queue_faces=max_queue_faces, request_timeout_s=timeout, max_wait_ms=max_wait_ms,

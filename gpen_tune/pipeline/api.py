@@ -123,13 +123,13 @@ class Pipeline:
         if service == "inline" and service not in self._detectors and (warm := self._warm_detector()) is not None:
             self._detectors[service] = warm
         if service not in self._detectors and self._given_detector is not None:
-            self._detectors[service] = serve(self._given_detector, service)
+            self._detectors[service] = serve(self._given_detector, service, self.settings.detector_processes)
         if service not in self._detectors:
             s = self.settings
             self._detectors[service] = init_detector(
                 self._detector_name or s.detector, device=self.device, weights=s.detector_weights,
                 threshold=s.det_threshold, det_size=s.det_size, notify=self.notify, service=service,
-                lazy=self.tune.lazy_detector)
+                lazy=self.tune.lazy_detector, processes=s.detector_processes)
         return self._detectors[service]
 
     def detector_calls(self) -> dict[str, dict[str, Any]]:

@@ -19,12 +19,19 @@ def check_scale_out(devices: str | None, ray: bool) -> None:
         raise ValueError("--devices runs on this host, --ray on a Ray cluster: choose one")
 
 
-def serve_detector_process(asked: bool | None, device_type: str, lazy_detector: bool) -> bool:
-    """`serve --detector-process` resolved: as asked, else on for a GPU server whose detector is not lazy.
+def serve_detector_process(asked: bool | None, device_type: str, lazy_detector: bool,
+                           processes: int | None = None) -> bool:
+    """`serve --detector-process` resolved: as asked, else on with `--detector-processes`, else on for a GPU server
+    whose detector is not lazy.
 
     A server on a GPU is limited by its request threads, the detector's among them (the GIL); its own process
     served 1.19x and 1.15x the faces/s with 64 clients on an H100, p99 0.71 and 0.61 s against 1.01 and 0.69 s
     (benchmarks/RESULTS.md, "Service"), for ~10 s more at start. On the CPU the generator is the limit."""
+    if processes is not None:
+        if asked is False:
+            raise ValueError("--detector-thread and --detector-processes: choose one (several processes need "
+                             "--detector-process)")
+        return True
     if asked is not None:
         return asked
     return device_type == "cuda" and not lazy_detector

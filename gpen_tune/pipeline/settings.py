@@ -43,6 +43,7 @@ class EnhanceSettings:
     soften_small_faces: bool = True      # upstream's 3x3 softening of faces with a box under 100 px
     paste: str = "auto"                  # "auto" | "cpu" | "gpu": where faces are pasted back (GPU: CUDA, 8-bit)
     detector_process: bool = False       # pipelined runs: the detector in a process of its own (its own GIL)
+    detector_processes: int = 1          # with detector_process: how many, detecting side by side
     bg_upsampler: str | None = None      # None | "realesrnet" | "realesrgan": the frame upscaled, faces pasted on it
     upscale: int = 2                     # 2 or 4 (with bg_upsampler)
     bg_weights: str | None = None        # a local upscaler .pth (offline use); None = the registry file
@@ -54,6 +55,8 @@ class EnhanceSettings:
             raise ValueError(f"--png-level {self.png_level}: use 0 (fastest, biggest) .. 9 (smallest, slowest)")
         if not 0.0 <= self.strength <= 1.0:
             raise ValueError(f"strength must be in [0, 1], got {self.strength}")
+        if self.detector_processes < 1:
+            raise ValueError(f"--detector-processes {self.detector_processes}: use 1 or more")
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.device not in DEVICES and not self.device.startswith("cuda:"):

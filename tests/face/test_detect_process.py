@@ -154,6 +154,38 @@ def test_concurrent_callers_get_their_own_detections(proc, photos, reference):
     assert proc.calls < proc.images and proc.largest >= 2     # callers that waited shared a detector call
 
 
+def test_several_processes_share_the_callers_batches(photos, reference):
+    """processes=2: two children fed from one queue; while one detects the large photo the other takes the next
+    callers' batches; every caller gets its own detections, identical to the in-process detector's; close ends
+    both children."""
+    pool = init_detector("mtcnn", device="cpu", service="process", processes=2)
+    try:
+        assert isinstance(pool, ProcessDetector) and len(pool.children_processes) == 2
+        assert len({p.pid for p in pool.children_processes}) == 2
+        got: dict[int, list] = {}
+
+        def caller(i: int) -> None:
+            (got[i],) = pool.detect([photos[i]])
+
+        first = threading.Thread(target=caller, args=(3,))        # the large one keeps one child busy
+        first.start()
+        time.sleep(0.05)
+        others = [threading.Thread(target=caller, args=(i,)) for i in (0, 1, 2, 4, 5)]
+        for t in others:
+            t.start()
+        for t in [first, *others]:
+            t.join()
+        for i, dets in got.items():
+            _assert_same(dets, reference[i])
+        assert len(got) == len(photos) == pool.images
+        assert all(n >= 1 for n in pool.calls_by_process) and sum(pool.calls_by_process) == pool.calls
+    finally:
+        pool.close()
+    assert not any(p.is_alive() for p in pool.children_processes)
+    with pytest.raises(ValueError, match="processes must be >= 1"):
+        ProcessDetector(DetectorSpec("mtcnn"), processes=0)
+
+
 # ---------------------------------------------------------------------------------------------------- failures
 
 
@@ -285,7 +317,7 @@ def _running(pid: int) -> bool:
 
 def test_close_ends_the_child_and_frees_the_segment(proc, photos):
     proc.detect([photos[0]])
-    segment = Path("/dev/shm") / proc._shm.name.lstrip("/")
+    segment = Path("/dev/shm") / proc._children[0].shm.name.lstrip("/")
     assert segment.exists()
     proc.close()
     assert not proc.process.is_alive() and proc.process.exitcode == 0     # it left on the close message

@@ -138,14 +138,14 @@ def test_two_generator_calls_at_once_give_enhance_pixels(parallel_server, photos
 
 @pytest.mark.slow
 def test_detector_in_its_own_process_gives_enhance_pixels(weights, photos, enhanced, tmp_path):
-    """`gpen-tune serve --detector-process`: the detector runs in a child process (started before the server is
-    ready), concurrent requests get `enhance`'s pixels, and the child goes with the server."""
+    """`gpen-tune serve --detector-processes 2`: the detector runs in two child processes (started before the server
+    is ready), concurrent requests get `enhance`'s pixels, and the children go with the server."""
     args = ["--weights", str(weights), "--model", MODEL, "--device", "cpu", "--detector", "mtcnn",
-            "--batch-size", "4", "--max-wait-ms", "2000", "--detector-process"]
+            "--batch-size", "4", "--max-wait-ms", "2000", "--detector-processes", "2"]
     with serve_process(args, tmp_path) as (url, proc):
         children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
         spawned = [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
-        assert spawned, children                              # the detector's process, there before any request
+        assert len(spawned) == 2, children                    # the detector's processes, there before any request
         with ThreadPoolExecutor(len(photos)) as pool:
             responses = list(pool.map(lambda p: post(url, p, ext="png"), photos))
         proc.terminate()

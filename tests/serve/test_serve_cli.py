@@ -60,7 +60,7 @@ def test_help_lists_the_options():
     assert res.exit_code == 0
     for flag in ("--host", "--port", "--token", "--no-auth", "--weights", "--preset", "--spool", "--max-upload-mb",
                  "--max-megapixels", "--max-queue-faces", "--timeout", "--max-wait-ms", "--generator-calls",
-                 "--detector-process", "--detector-thread"):
+                 "--detector-process", "--detector-thread", "--detector-processes"):
         assert flag in res.output
 
 
@@ -74,6 +74,17 @@ def test_help_lists_the_options():
 ])
 def test_detector_process_default_is_on_for_a_gpu_server(asked, device, lazy, runs):
     assert serve_detector_process(asked, device, lazy) is runs
+    assert serve_detector_process(asked if asked else None, device, lazy, processes=2) is True   # implied
+
+
+def test_detector_thread_with_detector_processes_is_one_line():
+    res = invoke(["--weights", "synthetic", "--device", "cpu", "--detector", "mtcnn", "--detector-thread",
+                  "--detector-processes", "2"])
+    assert res.exit_code == 1
+    errors = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "--detector-thread and --detector-processes" in errors[0], res.output
+    res = invoke(["--weights", "synthetic", "--device", "cpu", "--detector", "mtcnn", "--detector-processes", "0"])
+    assert res.exit_code == 1 and "--detector-processes 0" in res.output, res.output
 
 
 @pytest.mark.slow

@@ -78,6 +78,7 @@ def init_detector(
     service: Service = "inline",
     lazy: bool = False,
     lazy_policy: Policy = "tight",
+    processes: int = 1,
 ) -> Detector:
     """Build a face detector.
 
@@ -92,6 +93,7 @@ def init_detector(
         service: "inline", "thread" or "process" (see the module docstring).
         lazy: build on first use, release before generator batches (policy `lazy_policy`: "tight" = when free
             GPU memory is below 4 GiB, "always", "never"); refused with service "process".
+        processes: with service "process", how many detector processes share the callers' batches.
     """
     if service not in SERVICES:
         raise ValueError(f"service must be one of {', '.join(SERVICES)}, got {service!r}")
@@ -102,17 +104,18 @@ def init_detector(
             raise DetectorError(f"unknown detector {name!r}; choose one of: {', '.join(DETECTOR_NAMES)}")
         return ProcessDetector(DetectorSpec(name=name, device=str(device), threshold=threshold, det_size=det_size,
                                             weights=None if weights is None else str(weights),
-                                            torch_threads=torch.get_num_threads()))
+                                            torch_threads=torch.get_num_threads()), processes=processes)
     build = functools.partial(build_backend, name, device=device, weights=weights, threshold=threshold,
                               det_size=det_size, notify=notify)
     detector = LazyDetector(build, policy=lazy_policy, device=device) if lazy else build()
     return serve(detector, service)
 
 
-def serve(detector: Detector, service: Service) -> Detector:
+def serve(detector: Detector, service: Service, processes: int = 1) -> Detector:
     """A built detector behind `service`: "inline" as is; "thread" in a BatchingDetector (a lazy one behind its
     SharedDetector guard; a detector that already serves many threads is kept); "process" a ProcessDetector built
-    like it (kept if it is one; the detector it replaces stays open: its owner closes it; lazy: ValueError)."""
+    like it, `processes` of them (kept if it is one; the detector it replaces stays open: its owner closes it; lazy:
+    ValueError)."""
     if service not in SERVICES:
         raise ValueError(f"service must be one of {', '.join(SERVICES)}, got {service!r}")
     if service == "inline" or isinstance(detector, ProcessDetector):
@@ -123,7 +126,7 @@ def serve(detector: Detector, service: Service) -> Detector:
         if is_lazy(detector) and not isinstance(detector, SharedDetector):
             detector = SharedDetector(detector)          # release only between detections
         return BatchingDetector(detector)
-    return ProcessDetector(DetectorSpec.of(detector))
+    return ProcessDetector(DetectorSpec.of(detector), processes=processes)
 
 
 __all__ = [

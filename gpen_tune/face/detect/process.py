@@ -17,7 +17,8 @@ pixels into one reusable shared-memory segment (images back to back at 64-byte a
 needs more) and sends only the layout through a pipe; the child detects on views of the segment and answers with
 boxes, scores and landmarks per image. One batch is in flight at a time, so the segment is never written while
 the child reads it. A failing batch is retried request by request in the child, so one bad image fails only its
-caller; the child's exceptions are re-raised in that caller. The child leaves when the parent closes it or dies
+caller; the child's exceptions are re-raised in that caller. With `processes` > 1 each child has its own thread and
+segment here, and the threads take batches from one queue. A child leaves when the parent closes it or dies
 (EOF on the pipe; it is also a daemon). It is started with "spawn" (no fork of a threaded CUDA process), so a
 script that builds one needs the `if __name__ == "__main__":` guard (the child re-imports the main module).
 """
@@ -93,56 +94,111 @@ class DetectorSpec:
                              det_size=self.det_size)
 
 
-class ProcessDetector:
-    """A detector in a child process; thread-safe `detect(images) -> list[list[Detection]]`.
+class _Child:
+    """One detector process: its pipe, its shared-memory segment, and the parent thread that feeds it batches."""
 
+    def __init__(self, ctx: Any, spec: DetectorSpec, index: int):
+        self.conn, child_conn = ctx.Pipe()
+        self.process = ctx.Process(target=_child_main, args=(spec, child_conn), daemon=True,
+                                   name="gpen-detect-process" if index == 0 else f"gpen-detect-process-{index}")
+        self.process.start()
+        child_conn.close()               # only the child holds its end: its death reads as EOF here
+        self.shm: SharedMemory | None = None
+        self.thread: threading.Thread | None = None
+        self.calls = 0                   # batches this child detected
+
+    def wait_ready(self, timeout_s: float) -> dict:
+        try:
+            if not self.conn.poll(timeout_s):
+                raise DetectorProcessError(f"the detector process did not start within {timeout_s:.0f} s")
+            kind, payload = self.conn.recv()
+        except (EOFError, OSError):
+            self.process.join(1.0)
+            raise DetectorProcessError(f"the detector process exited (code {self.process.exitcode}) before it was "
+                                       "ready") from None
+        if kind == "error":
+            raise _exception(payload)
+        return payload
+
+    def pack(self, images: list[np.ndarray]) -> list[tuple[int, tuple[int, ...]]]:
+        """Copy the images into the segment (grown if needed); (offset, shape) of each."""
+        layout, end = [], 0
+        for img in images:
+            layout.append((end, img.shape))
+            end += -(-img.nbytes // ALIGN) * ALIGN
+        if self.shm is None or self.shm.size < end:
+            size = max(end, MIN_SEGMENT_BYTES, 2 * self.shm.size if self.shm is not None else 0)
+            new = SharedMemory(create=True, size=size)
+            self.free_segment()
+            self.shm = new                     # the child attaches to it at the next batch, by name
+        buf = self.shm.buf
+        for img, (offset, shape) in zip(images, layout, strict=True):
+            np.ndarray(shape, np.uint8, buffer=buf, offset=offset)[...] = img
+        return layout
+
+    def free_segment(self) -> None:
+        if self.shm is not None:
+            self.shm.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.shm.unlink()
+            self.shm = None
+
+    def stop(self) -> None:
+        """Wait for the child to exit, then terminate it, then kill it."""
+        self.process.join(STOP_TIMEOUT_S)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(STOP_TIMEOUT_S)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.conn.close()
+
+
+class ProcessDetector:
+    """A detector in one or more child processes; thread-safe `detect(images) -> list[list[Detection]]`.
+
+    `processes`: children that detect side by side, each with one batch in flight, all fed from one queue (a
+    GPU detection is mostly host work, launches and syncs, so children scale until the GPU or the cores are full).
     Attributes (for benchmarks): `calls` detector calls, `images` images detected, `largest` biggest batch;
-    `name`, `device`, `threshold`, `det_size` as the child's detector; `process` the child (a spawn Process).
-    `shrink_in_caller`: shrink to det_size in the calling thread (else the child's detector does it).
+    `name`, `device`, `threshold`, `det_size` as the children's detector; `process` the first child (a spawn
+    Process), `children_processes` all of them. `shrink_in_caller`: shrink to det_size in the calling thread (else
+    the children's detector does it).
     """
 
     def __init__(self, spec: DetectorSpec, max_images: int = MAX_IMAGES, shrink_in_caller: bool = True,
-                 start_timeout_s: float = START_TIMEOUT_S):
+                 start_timeout_s: float = START_TIMEOUT_S, processes: int = 1):
+        if processes < 1:
+            raise ValueError(f"detector processes must be >= 1, got {processes}")
         self.spec = spec
         self.shrink_in_caller = shrink_in_caller
         self._max_images = max_images
         ctx = mp.get_context("spawn")
-        self._conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(target=_child_main, args=(spec, child_conn), name="gpen-detect-process",
-                                   daemon=True)
-        self.process.start()
-        child_conn.close()               # only the child holds its end: its death reads as EOF here
-        ready = self._wait_ready(start_timeout_s)
+        self._children = [_Child(ctx, spec, i) for i in range(processes)]    # started side by side
+        try:
+            ready = [child.wait_ready(start_timeout_s) for child in self._children][0]
+        except BaseException:
+            for child in self._children:
+                with contextlib.suppress(OSError):
+                    child.conn.send(("close",))
+                child.stop()
+            raise
         self.name, self.threshold, self.det_size = ready["name"], ready["threshold"], ready["det_size"]
         self.device = torch.device(ready["device"])
-        self._shm: SharedMemory | None = None
+        self.process = self._children[0].process
+        self.children_processes = [c.process for c in self._children]
         self._queue: queue.Queue[DetectRequest | None] = queue.Queue()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()            # the queue's close, and the counters below
         self._closed = False
         self._dead: BaseException | None = None
         self.calls = 0
         self.images = 0
         self.largest = 0
         self.sizes: Counter[int] = Counter()   # detector calls by their number of images
-        self._thread = threading.Thread(target=self._serve, name="gpen-detect-process-io", daemon=True)
-        self._thread.start()
-
-    def _wait_ready(self, timeout_s: float) -> dict:
-        try:
-            if not self._conn.poll(timeout_s):
-                raise DetectorProcessError(f"the detector process did not start within {timeout_s:.0f} s")
-            kind, payload = self._conn.recv()
-        except (EOFError, OSError):
-            self._stop_process()
-            raise DetectorProcessError(f"the detector process exited (code {self.process.exitcode}) before it was "
-                                       "ready") from None
-        except BaseException:
-            self._stop_process()
-            raise
-        if kind == "error":
-            self._stop_process()
-            raise _exception(payload)
-        return payload
+        for i, child in enumerate(self._children):
+            child.thread = threading.Thread(target=self._serve, args=(child,), daemon=True,
+                                            name="gpen-detect-process-io" + (f"-{i}" if i else ""))
+            child.thread.start()
 
     # -- callers ------------------------------------------------------------------------------------------------
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
@@ -164,8 +220,8 @@ class ProcessDetector:
             raise req.error
         return [_unpack(p) for p in req.result]
 
-    # -- server thread ------------------------------------------------------------------------------------------
-    def _serve(self) -> None:
+    # -- server threads (one per child) -------------------------------------------------------------------------
+    def _serve(self, child: _Child) -> None:
         while True:
             batch = take_batch(self._queue, self._max_images)
             if batch is None:
@@ -173,31 +229,33 @@ class ProcessDetector:
             if self._dead is not None:
                 _finish(batch, error=self._dead)
             else:
-                self._run(batch)
+                self._run(child, batch)
 
-    def _run(self, batch: list[DetectRequest]) -> None:
+    def _run(self, child: _Child, batch: list[DetectRequest]) -> None:
         images = [im for r in batch for im in r.images]
         try:
-            layout = self._pack(images)
+            layout = child.pack(images)
         except Exception as exc:                # e.g. no room for a huge batch: retry request by request
             if len(batch) == 1:
                 _finish(batch, error=exc)
             else:
                 for r in batch:
-                    self._run([r])
+                    self._run(child, [r])
             return
         try:
-            self._conn.send(("detect", self._shm.name, layout, [len(r.images) for r in batch]))
-            replies = self._conn.recv()
+            child.conn.send(("detect", child.shm.name, layout, [len(r.images) for r in batch]))
+            replies = child.conn.recv()
         except (EOFError, OSError):
-            self.process.join(1.0)
-            self._dead = DetectorProcessError(f"the detector process died (exit code {self.process.exitcode})")
+            child.process.join(1.0)
+            self._dead = DetectorProcessError(f"the detector process died (exit code {child.process.exitcode})")
             _finish(batch, error=self._dead)
             return
-        self.calls += 1
-        self.images += len(images)
-        self.largest = max(self.largest, len(images))
-        self.sizes[len(images)] += 1
+        child.calls += 1
+        with self._lock:
+            self.calls += 1
+            self.images += len(images)
+            self.largest = max(self.largest, len(images))
+            self.sizes[len(images)] += 1
         for r, (kind, payload) in zip(batch, replies, strict=True):
             if kind == "ok":
                 r.result = payload
@@ -205,62 +263,36 @@ class ProcessDetector:
                 r.error = _exception(payload)
         _finish(batch)
 
-    def _pack(self, images: list[np.ndarray]) -> list[tuple[int, tuple[int, ...]]]:
-        """Copy the images into the segment (grown if needed); (offset, shape) of each."""
-        layout, end = [], 0
-        for img in images:
-            layout.append((end, img.shape))
-            end += -(-img.nbytes // ALIGN) * ALIGN
-        if self._shm is None or self._shm.size < end:
-            self._grow(end)
-        buf = self._shm.buf
-        for img, (offset, shape) in zip(images, layout, strict=True):
-            np.ndarray(shape, np.uint8, buffer=buf, offset=offset)[...] = img
-        return layout
-
-    def _grow(self, need: int) -> None:
-        size = max(need, MIN_SEGMENT_BYTES, 2 * self._shm.size if self._shm is not None else 0)
-        new = SharedMemory(create=True, size=size)
-        self._free_segment()
-        self._shm = new                        # the child attaches to it at the next batch, by name
-
-    def _free_segment(self) -> None:
-        if self._shm is not None:
-            self._shm.close()
-            with contextlib.suppress(FileNotFoundError):
-                self._shm.unlink()
-            self._shm = None
+    @property
+    def calls_by_process(self) -> list[int]:
+        """Detector calls each child made (whether the children shared the work)."""
+        return [c.calls for c in self._children]
 
     def before_restore(self) -> None:
-        """Nothing to release in this process (the child holds the detector)."""
+        """Nothing to release in this process (the children hold the detector)."""
 
     # -- shutdown -----------------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Finish the queued requests, stop the child (terminated if it does not exit in time), free the segment."""
+        """Finish the queued requests, stop the children (terminated if they do not exit in time), free the
+        segments."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            self._queue.put(None)
-        self._thread.join()
-        with contextlib.suppress(OSError):
-            self._conn.send(("close",))
-        self._stop_process()
-        self._free_segment()
-
-    def _stop_process(self) -> None:
-        """Wait for the child to exit, then terminate it, then kill it."""
-        self.process.join(STOP_TIMEOUT_S)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(STOP_TIMEOUT_S)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-        self._conn.close()
+            for _ in self._children:
+                self._queue.put(None)
+        for child in self._children:
+            child.thread.join()
+        for child in self._children:
+            with contextlib.suppress(OSError):
+                child.conn.send(("close",))
+        for child in self._children:
+            child.stop()
+            child.free_segment()
 
     def __repr__(self) -> str:
-        return f"ProcessDetector(name={self.name!r}, device={str(self.device)!r}, pid={self.process.pid})"
+        pids = ", ".join(str(c.process.pid) for c in self._children)
+        return f"ProcessDetector(name={self.name!r}, device={str(self.device)!r}, pids=[{pids}])"
 
 
 def _checked(img: np.ndarray) -> np.ndarray:
