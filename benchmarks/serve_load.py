@@ -293,6 +293,7 @@ def main() -> None:
     where.add_argument("--detector-process", action="store_true", help="the server's --detector-process")
     where.add_argument("--detector-thread", action="store_true", help="the server's --detector-thread")
     ap.add_argument("--detector-processes", type=int, default=None, help="the server's --detector-processes")
+    ap.add_argument("--tag", default=None, help="added to the JSON name (e.g. what the server's environment had)")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--requests", type=int, default=32, help="requests of the K-client phase")
     ap.add_argument("--sequential-requests", type=int, default=None, help="of each one-at-a-time phase "
@@ -363,6 +364,7 @@ def main() -> None:
                           "load_avg_start_end": os.getloadavg()}}
     replicas = f"_r{args.replicas}" if args.replicas > 1 else ""
     replicas += f"_d{args.detector_processes}" if args.detector_processes else ""
+    replicas += f"_{args.tag}" if args.tag else ""
     path = write_result(args.out, f"serve_load_{args.device}_{args.model}_k{args.clients}{replicas}", result)
     for name, p in list(phases.items()) + [(f"all {k}", v) for k, v in kinds.items()]:
         print(f"{name:20s} {p['clients']:3d} clients  {p['requests_per_s']:7.2f} req/s  {p['faces_per_s']:7.2f} "
