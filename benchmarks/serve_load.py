@@ -28,6 +28,7 @@ import io
 import multiprocessing
 import os
 import platform
+import shlex
 import socket
 import statistics
 import subprocess
@@ -248,6 +249,7 @@ def start_server(args: argparse.Namespace, spool: Path) -> tuple[subprocess.Pope
         cmd += ["--detector-thread"]
     if args.detector_processes:
         cmd += ["--detector-processes", str(args.detector_processes)]
+    cmd += shlex.split(args.server_args)
     code = str((args.code or REPO).resolve())                  # whose gpen_tune the server runs
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [code, os.environ.get("PYTHONPATH")])))
     log = spool.parent / f"{spool.name}-server.log"            # the server's own output, shown if it fails
@@ -293,6 +295,7 @@ def main() -> None:
     where.add_argument("--detector-process", action="store_true", help="the server's --detector-process")
     where.add_argument("--detector-thread", action="store_true", help="the server's --detector-thread")
     ap.add_argument("--detector-processes", type=int, default=None, help="the server's --detector-processes")
+    ap.add_argument("--server-args", default="", help="more options of the server (quoted), e.g. an A/B of a flag")
     ap.add_argument("--tag", default=None, help="added to the JSON name (e.g. what the server's environment had)")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--requests", type=int, default=32, help="requests of the K-client phase")

@@ -70,6 +70,9 @@ def serve(
     = 120.0,
     max_wait_ms: Annotated[float, _opt("--max-wait-ms", panel=LIMIT_PANEL,
                                        help="How long a face waits for others to share its generator call.")] = 5.0,
+    request_threads: Annotated[int, _opt("--request-threads", panel=LIMIT_PANEL, metavar="N",
+                                         help="Threads that decode, detect, paste and encode requests (a request "
+                                         "holds one while it waits for detection).")] = 40,
     spool_quota_mb: Annotated[float, _opt("--spool-quota-mb", panel=LIMIT_PANEL, help="Spool size limit.")]
     = 2048.0,
     job_expiry_h: Annotated[float, _opt("--job-expiry-h", panel=LIMIT_PANEL,
@@ -113,7 +116,8 @@ def serve(
         check_detector_process(detector_process, tune.lazy_detector)
         limits = ServeLimits(max_upload_bytes=int(max_upload_mb * 2**20), max_pixels=int(max_megapixels * 1e6),
                              max_queue_faces=max_queue_faces, request_timeout_s=timeout, max_wait_ms=max_wait_ms,
-                             generator_calls=generator_calls, spool_quota_bytes=int(spool_quota_mb * 2**20),
+                             generator_calls=generator_calls, request_threads=request_threads,
+                             spool_quota_bytes=int(spool_quota_mb * 2**20),
                              job_expiry_s=job_expiry_h * 3600)
         steps = Steps.build(settings, tune, notice)          # a missing file fails here, before listening
         steps.generator_calls(generator_calls)               # --generator-calls checked before listening

@@ -158,7 +158,7 @@ def _job_routes(app: FastAPI, service: Service, limits: ServeLimits, auth) -> No
                          only_center_face: bool = Query(False), parse_mask: bool | None = Query(None),
                          ext: str | None = Query(None)) -> JSONResponse:
         data, name = await read_upload(request, limits)
-        kind, in_ext = await run_in_threadpool(service.job_kind, data, name)
+        kind, in_ext = await service.in_thread(service.job_kind, data, name)
         out_ext = check_ext(ext, VIDEO_EXTS) if kind == "video" else check_ext(ext)
         options = RequestOptions(strength, only_center_face, parse_mask, out_ext)
         try:

@@ -6,6 +6,7 @@ finish, and works the job spool with one thread whose faces share the same batch
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 import shutil
 import sys
@@ -19,7 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from starlette.concurrency import run_in_threadpool
+import anyio
+import anyio.to_thread
 
 from gpen_tune.imageio import ImageReadError
 from gpen_tune.serve.batcher import FaceBatcher, QueueFull, Ticket
@@ -65,9 +67,12 @@ class Service:
         self._job_lock = threading.Lock()
         self._running: str | None = None                     # the job the job thread works on
         self._loader = threading.Thread(target=self._load, name="gpen-serve-load", daemon=True)
+        self._threads: anyio.CapacityLimiter | None = None    # the request steps' threads (made in the loop)
 
     # -- life --------------------------------------------------------------------------------------------------
     def start(self) -> None:
+        """Called in the event loop (the app's lifespan)."""
+        self._threads = anyio.CapacityLimiter(self.limits.request_threads)
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(min(self._switch_interval, Steps.switch_interval()))
         shutil.rmtree(self.work_dir, ignore_errors=True)      # a killed server's uploads: nobody waits for them
@@ -124,19 +129,24 @@ class Service:
         self.check_ready()
         deadline = time.monotonic() + self.limits.request_timeout_s
         # the request's files are written, read and removed in worker threads: never on the event loop
-        folder = Path(await run_in_threadpool(tempfile.mkdtemp, dir=self.work_dir))
+        folder = Path(await self.in_thread(tempfile.mkdtemp, dir=self.work_dir))
         try:
-            prepared = await _within(run_in_threadpool(self._write_and_prepare, folder, data, ext, name, options),
+            prepared = await _within(self.in_thread(self._write_and_prepare, folder, data, ext, name, options),
                                      deadline)
             try:
                 ticket = self.batcher.submit(prepared)
             except QueueFull as e:
                 raise HttpRefusal(503, f"busy: {e}", {"Retry-After": "1"}) from None
             await self._wait(ticket, deadline, disconnected)
-            body, out_ext = await run_in_threadpool(self._finish, prepared, folder, options.ext)
+            body, out_ext = await self.in_thread(self._finish, prepared, folder, options.ext)
             return Restored(body, out_ext, prepared.faces, dict(prepared.timings))
         finally:
-            await asyncio.shield(run_in_threadpool(shutil.rmtree, folder, True))
+            await asyncio.shield(self.in_thread(shutil.rmtree, folder, True))
+
+    async def in_thread(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`func` on one of the request threads (`--request-threads`; a request holds one while it waits for the
+        shared detector, so the count bounds how many requests detect at once)."""
+        return await anyio.to_thread.run_sync(functools.partial(func, *args, **kwargs), limiter=self._threads)
 
     def _finish(self, prepared: Any, folder: Path, ext: str | None) -> tuple[bytes, str]:
         path = self.steps.finish(prepared, folder / "out", ext)

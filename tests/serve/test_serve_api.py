@@ -182,11 +182,12 @@ def test_job_runs_through_the_spool_and_answers_in_the_input_format(batching_ser
     assert httpx.get(f"{url}/v1/jobs/{job['id']}/result").status_code == 404
 
 
-def test_health_ready_metrics_and_openapi(batching_server):
+def test_health_ready_metrics_and_openapi(batching_server, photos):
     url = batching_server
     assert httpx.get(f"{url}/healthz").json() == {"status": "alive"}
     ready = httpx.get(f"{url}/readyz").json()
     assert ready["status"] == "ready" and ready["device"] == "cpu"
+    assert post(url, photos[0]).status_code == 200          # labelled series appear with their first request
     text = httpx.get(f"{url}/metrics").text
     for name in ("gpen_serve_requests_total", "gpen_serve_request_seconds_bucket", "gpen_serve_faces_total",
                  "gpen_serve_faces_per_generator_call_bucket", "gpen_serve_queue_faces",

@@ -60,7 +60,7 @@ def test_help_lists_the_options():
     assert res.exit_code == 0
     for flag in ("--host", "--port", "--token", "--no-auth", "--weights", "--preset", "--spool", "--max-upload-mb",
                  "--max-megapixels", "--max-queue-faces", "--timeout", "--max-wait-ms", "--generator-calls",
-                 "--detector-process", "--detector-thread", "--detector-processes"):
+                 "--detector-process", "--detector-thread", "--detector-processes", "--request-threads"):
         assert flag in res.output
 
 
@@ -85,6 +85,13 @@ def test_detector_thread_with_detector_processes_is_one_line():
     assert len(errors) == 1 and "--detector-thread and --detector-processes" in errors[0], res.output
     res = invoke(["--weights", "synthetic", "--device", "cpu", "--detector", "mtcnn", "--detector-processes", "0"])
     assert res.exit_code == 1 and "--detector-processes 0" in res.output, res.output
+
+
+def test_request_threads_below_one_is_one_line_naming_the_flag():
+    res = invoke(["--weights", "synthetic", "--device", "cpu", "--detector", "mtcnn", "--request-threads", "0"])
+    assert res.exit_code == 1
+    errors = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "--request-threads 0" in errors[0] and "1 or more" in errors[0], res.output
 
 
 @pytest.mark.slow
