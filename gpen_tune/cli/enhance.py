@@ -130,9 +130,12 @@ def enhance(
                                         help="Paste/encode threads (default: half the cores, 1..8).")] = None,
     serial: Annotated[bool, _opt("--serial", panel=PERF_PANEL,
                                  help="One step at a time instead of the pipelined threads.")] = False,
-    detector_process: Annotated[bool, _opt("--detector-process", panel=PERF_PANEL,
-                                           help="Run the detector in its own process (big folders on a GPU).")]
-    = False,
+    detector_processes: Annotated[int, _opt("--detector-processes", panel=PERF_PANEL, metavar="N",
+                                            show_default=False,
+                                            help="Detect in N processes (GPU folders, videos; default 0: a thread).")]
+    = 0,
+    detector_process: Annotated[bool, typer.Option("--detector-process", hidden=True,
+                                                   help="The same as --detector-processes 1.")] = False,
     codec: Annotated[str | None, _opt("--codec", panel=VIDEO_PANEL, metavar="NAME", help="Video encoder, e.g. "
                                       "libx265, h264_nvenc (default: the input's family).")] = None,
     crf: Annotated[float | None, _opt("--crf", panel=VIDEO_PANEL, metavar="Q", help="Video quality, lower is "
@@ -174,6 +177,8 @@ def enhance(
         existing = existing_policy(overwrite, skip_existing)
         encoder_speed = encoder_preset_for(video_preset, preset)
         key_every = detect_every_for(detect_every)
+        if detector_processes < 0:
+            raise ValueError(f"--detector-processes {detector_processes}: use 0 (a thread) or more")
         check_scale_out(devices, to_ray)
         for needed, part in ((to_ray, "ray"), (bg_upsampler is not None, "spandrel")):
             if needed:
@@ -189,7 +194,9 @@ def enhance(
         model=model, weights=weights, template=template, detector=detector, detector_weights=detector_weights,
         det_size=det_size, det_threshold=det_threshold, strength=strength, aligned=aligned,
         only_center_face=only_center_face or only_center_face_alias, parse_mask=parse_mask,
-        parse_weights=parse_weights, batch_size=batch_size, detector_process=detector_process,
+        parse_weights=parse_weights, batch_size=batch_size,
+        detector_process=detector_process or detector_processes > 0,
+        detector_processes=max(1, detector_processes),
         bg_upsampler=bg_upsampler, upscale=upscale, bg_weights=bg_weights, tile=tile, png_level=png_level)
     build, run = _executor(devices, to_ray, ray_address, output, settings)
     out.print(f"optimizations: {origin}", highlight=False, soft_wrap=True)

@@ -130,8 +130,8 @@ def test_cli_refuses_to_overwrite_inputs(tmp_path):
 
 @pytest.mark.slow
 def test_cli_detector_process_writes_what_the_detector_thread_writes(tmp_path):
-    """--detector-process: the runner's detector in a child process gives the same files; with --lazy-detector it
-    is refused in one line, before any output."""
+    """--detector-process (now --detector-processes N): the runner's detector in one or two child processes gives
+    the same files; a negative count and --lazy-detector are refused in one line, before any output."""
     src = tmp_path / "in"
     src.mkdir()
     Image.fromarray(samples.astronaut()).save(src / "a.png")
@@ -139,13 +139,17 @@ def test_cli_detector_process_writes_what_the_detector_thread_writes(tmp_path):
     # fp32 (--preset none): batches differ between the two runs, and bf16 rounds each composition its own way
     common = ["--weights", "synthetic", "--model", MODEL, "--detector", "mtcnn", "--device", "cpu", "--preset", "none"]
     thread = invoke([str(src), "-o", str(tmp_path / "thread"), *common])
-    proc = invoke([str(src), "-o", str(tmp_path / "proc"), "--detector-process", *common])
-    assert thread.exit_code == 0 and proc.exit_code == 0, proc.output
+    proc = invoke([str(src), "-o", str(tmp_path / "proc"), "--detector-process", *common])     # the hidden alias
+    procs = invoke([str(src), "-o", str(tmp_path / "procs"), "--detector-processes", "2", *common])
+    assert thread.exit_code == 0 and proc.exit_code == 0 and procs.exit_code == 0, proc.output + procs.output
     for name in ("a.png", "b.png"):
         a = np.asarray(Image.open(tmp_path / "thread" / name)).astype(int)
-        b = np.asarray(Image.open(tmp_path / "proc" / name)).astype(int)
-        assert np.abs(a - b).max() <= 2, name
+        for other in ("proc", "procs"):
+            b = np.asarray(Image.open(tmp_path / other / name)).astype(int)
+            assert np.abs(a - b).max() <= 2, (other, name)
         assert np.abs(a - np.asarray(Image.open(src / name)).astype(int)).max() > 20      # faces were restored
+    bad = invoke([str(src), "-o", str(tmp_path / "bad"), "--detector-processes", "-1", *common])
+    assert bad.exit_code == 1 and "--detector-processes -1" in bad.output and not (tmp_path / "bad").exists()
     lazy = invoke([str(src), "-o", str(tmp_path / "lazy"), "--detector-process", "--lazy-detector", *common])
     assert lazy.exit_code == 1 and "lazy" in lazy.output
     assert not any((tmp_path / "lazy").glob("*.png"))
