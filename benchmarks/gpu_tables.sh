@@ -22,6 +22,8 @@
 #   serve          `gpen-tune serve`: 64 concurrent single-face clients vs one at a time, with
 #                  --detector-thread, then --detector-process (benchmarks/serve_load.py)
 #   serve-replicas the same 64 clients over 3 servers sharing the GPU (--replicas 3), then over one
+#   serve-detectors the 64 clients against 1, 2, 3 detector processes, 128 request threads, then 1 again (A/B/A)
+#   video-detectors the user's long video commands with --detector-processes 2 against the default, interleaved
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -76,5 +78,14 @@ case "$PART" in
                      --preset speed --detector mtcnn --clients 64 --requests 1024 --sequential-requests 32 --rounds 1 \
                      --batch-size 64 --max-wait-ms 5 --replicas $n --out "$DEST"
                  done ;;
+  serve-detectors) for extra in "--detector-processes 1" "--detector-processes 2" "--detector-processes 3" \
+                        "--detector-processes 2 --server-args=--request-threads=128" "--detector-processes 1"; do
+                   run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
+                     --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
+                     --batch-size 64 --max-wait-ms 5 --out "$DEST" $extra
+                 done ;;
+  video-detectors) run timeout 590 "$PY" benchmarks/doors_ab.py --code . --code . --code-extra "" \
+                   --code-extra "--detector-processes 2" --only clip_one,clip_group --video-frames 1440 --rounds 1 \
+                   --tag detector-processes --out "$DEST" ;;
   *) echo "unknown part $PART; bash $0 lists them" >&2; exit 2 ;;
 esac
