@@ -23,7 +23,7 @@
 #                  --detector-thread, then --detector-process (benchmarks/serve_load.py)
 #   serve-replicas the same 64 clients over 3 servers sharing the GPU (--replicas 3), then over one
 #   serve-detectors the 64 clients against 1, 2, 3 detector processes, 128 request threads, then 1 again (A/B/A)
-#   video-detectors the user's long video commands with --detector-processes 2 against the default, interleaved
+#   enhance-detectors the folder and long video commands with --detector-processes 2 against the default, interleaved
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -84,8 +84,8 @@ case "$PART" in
                      --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
                      --batch-size 64 --max-wait-ms 5 --out "$DEST" $extra
                  done ;;
-  video-detectors) run timeout 590 "$PY" benchmarks/doors_ab.py --code . --code . --code-extra "" \
-                   --code-extra "--detector-processes 2" --only clip_one,clip_group --video-frames 1440 --rounds 1 \
-                   --tag detector-processes --out "$DEST" ;;
+  enhance-detectors) run timeout 590 "$PY" benchmarks/doors_ab.py --code . --code . --code-extra "" \
+                   --code-extra "--detector-processes 2" --only folder,clip_one,clip_group --video-frames 1440 \
+                   --rounds 1 --tag detector-processes --out "$DEST" ;;
   *) echo "unknown part $PART; bash $0 lists them" >&2; exit 2 ;;
 esac
