@@ -124,19 +124,23 @@ def _client_process(urls: list[str], bodies: list[bytes], indices: list[int], th
     out.put((latencies, steps, errors, time.process_time() - cpu0))
 
 
-def process_tree_cpu_s(pids: list[int]) -> float:
-    """CPU seconds (user + system) of processes `pids` and their direct children so far (the service's replicas and,
-    with --detector-process, their detector processes), from /proc; 0 where unreadable."""
+def process_tree_cpu_s(pids: list[int]) -> tuple[float, float]:
+    """CPU seconds (user + system) so far of processes `pids` and their direct children (the service's replicas and,
+    with --detector-process, their detector processes), and of `pids` alone (the processes whose threads share one
+    GIL each), from /proc; 0 where unreadable."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+    total = own = 0.0
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(stat.parent.name) in pids or int(fields[1]) in pids:   # fields[1]: the parent's pid
-            total += (int(fields[11]) + int(fields[12])) / tick           # utime, stime
-    return total
+        cpu = (int(fields[11]) + int(fields[12])) / tick                     # utime, stime
+        if int(stat.parent.name) in pids:
+            total, own = total + cpu, own + cpu
+        elif int(fields[1]) in pids:                                         # fields[1]: the parent's pid
+            total += cpu
+    return total, own
 
 
 def run_phase(urls: list[str], bodies: list[bytes], clients: int, processes: int = 1,
@@ -159,11 +163,11 @@ def run_phase(urls: list[str], bodies: list[bytes], clients: int, processes: int
                 for p in range(processes)]
     for child in children:
         child.start()
-    server_cpu0 = process_tree_cpu_s(pids)
+    server_cpu0, main_cpu0 = process_tree_cpu_s(pids)
     with Stopwatch() as phase:
         go.set()
         parts = [out.get() for _ in children]
-    server_cpu = process_tree_cpu_s(pids) - server_cpu0
+    server_cpu, main_cpu = (a - b for a, b in zip(process_tree_cpu_s(pids), (server_cpu0, main_cpu0), strict=True))
     for child in children:
         child.join()
     wall = phase.seconds
@@ -186,6 +190,8 @@ def run_phase(urls: list[str], bodies: list[bytes], clients: int, processes: int
             "client_cpu_ms_per_request": round(client_cpu * 1000 / len(bodies), 3),
             "server_cpu_ms_per_request": round(server_cpu * 1000 / len(bodies), 3) if pids else None,
             "server_cores_busy": round(server_cpu / wall, 2) if pids else None,
+            "server_main_cpu_ms_per_request": round(main_cpu * 1000 / len(bodies), 3) if pids else None,
+            "server_main_cores_busy": round(main_cpu / wall, 2) if pids else None,
             "server_timing_mean_ms": {k: round(statistics.mean(v), 1) for k, v in steps.items()},
             "latencies": [round(x, 4) for x in latencies]}
 
@@ -199,10 +205,12 @@ def _pooled(phases: list[dict]) -> dict:
     q = np.percentile(latencies, [50, 95, 99])
     client_cpu = sum(p["client_cpu_ms_per_request"] * p["requests"] for p in phases) / requests
     server_cpu = sum((p.get("server_cpu_ms_per_request") or 0.0) * p["requests"] for p in phases) / requests
+    main_cpu = sum((p.get("server_main_cpu_ms_per_request") or 0.0) * p["requests"] for p in phases) / requests
     return {"clients": phases[0]["clients"], "client_processes": phases[0]["client_processes"], "requests": requests,
             "errors": sum(p["errors"] for p in phases), "client_cpu_ms_per_request": round(client_cpu, 3),
             "server_cpu_ms_per_request": round(server_cpu, 3), "server_cores_busy": round(server_cpu * requests / 1000
                                                                                           / wall, 2),
+            "server_main_cpu_ms_per_request": round(main_cpu, 3),
             "wall_s": round(wall, 3), "requests_per_s": round(requests / wall, 3),
             "faces_per_s": round(faces / wall, 3), "faces": faces, "generator_calls": calls,
             "faces_per_generator_call": round(faces / calls, 3) if calls else None,
@@ -374,8 +382,8 @@ def main() -> None:
               f"faces/s  p50 {p['latency_s']['p50'] * 1000:7.0f} ms  p95 {p['latency_s']['p95'] * 1000:7.0f} ms  "
               f"p99 {p['latency_s']['p99'] * 1000:7.0f} ms  faces/call {p['faces_per_generator_call']}  "
               f"client CPU {p['client_cpu_ms_per_request']:.2f} ms/request in {p['client_processes']} processes  "
-              f"server CPU {p.get('server_cpu_ms_per_request') or 0:.1f} ms/request  "
-              f"errors {p['errors']}")
+              f"server CPU {p.get('server_cpu_ms_per_request') or 0:.1f} ms/request "
+              f"(its main process {p.get('server_main_cpu_ms_per_request') or 0:.1f})  errors {p['errors']}")
     for name, p in phases.items():
         print(f"{name:20s} Server-Timing mean ms: {p['server_timing_mean_ms']}")
     print(f"K-client throughput / one at a time: {result['throughput_ratio']:.2f}x  -> {path}")
