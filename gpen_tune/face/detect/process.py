@@ -185,8 +185,6 @@ class ProcessDetector:
             raise
         self.name, self.threshold, self.det_size = ready["name"], ready["threshold"], ready["det_size"]
         self.device = torch.device(ready["device"])
-        self.process = self._children[0].process
-        self.children_processes = [c.process for c in self._children]
         self._queue: queue.Queue[DetectRequest | None] = queue.Queue()
         self._lock = threading.Lock()            # the queue's close, and the counters below
         self._closed = False
@@ -262,6 +260,16 @@ class ProcessDetector:
             else:
                 r.error = _exception(payload)
         _finish(batch)
+
+    @property
+    def process(self) -> Any:
+        """The first child (a spawn Process)."""
+        return self._children[0].process
+
+    @property
+    def children_processes(self) -> list[Any]:
+        """Every child, in start order."""
+        return [c.process for c in self._children]
 
     @property
     def calls_by_process(self) -> list[int]:
