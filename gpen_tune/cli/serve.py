@@ -73,6 +73,10 @@ def serve(
     request_threads: Annotated[int, _opt("--request-threads", panel=LIMIT_PANEL, metavar="N",
                                          help="Threads that decode, detect, paste and encode requests (a request "
                                          "holds one while it waits for detection).")] = 40,
+    request_processes: Annotated[int, _opt("--request-processes", panel=LIMIT_PANEL, metavar="N",
+                                           help="Processes that decode, detect, paste and encode requests, each "
+                                           "with its own detector, feeding this process's generator (0: this "
+                                           "process's threads).")] = 0,
     spool_quota_mb: Annotated[float, _opt("--spool-quota-mb", panel=LIMIT_PANEL, help="Spool size limit.")]
     = 2048.0,
     job_expiry_h: Annotated[float, _opt("--job-expiry-h", panel=LIMIT_PANEL,
@@ -107,7 +111,7 @@ def serve(
         dev = resolve_device(device, notice)
         tune, origin = tune_config_from_options(preset, device=dev.type)
         detector_process = serve_detector_process(detector_process, dev.type, tune.lazy_detector,
-                                                  detector_processes)
+                                                  detector_processes, request_processes)
         settings = EnhanceSettings(model=model, weights=weights, device=str(dev), detector=detector,
                                    det_size=detection_size(None, tune.face_crop),
                                    parse_mask=parse_mask, parse_weights=parse_weights, batch_size=batch_size,
@@ -117,6 +121,7 @@ def serve(
         limits = ServeLimits(max_upload_bytes=int(max_upload_mb * 2**20), max_pixels=int(max_megapixels * 1e6),
                              max_queue_faces=max_queue_faces, request_timeout_s=timeout, max_wait_ms=max_wait_ms,
                              generator_calls=generator_calls, request_threads=request_threads,
+                             request_processes=request_processes,
                              spool_quota_bytes=int(spool_quota_mb * 2**20),
                              job_expiry_s=job_expiry_h * 3600)
         steps = Steps.build(settings, tune, notice)          # a missing file fails here, before listening

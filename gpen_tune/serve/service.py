@@ -27,6 +27,8 @@ from gpen_tune.imageio import ImageReadError
 from gpen_tune.serve.batcher import FaceBatcher, QueueFull, Ticket
 from gpen_tune.serve.limits import HttpRefusal, ServeLimits, check_header, image_header
 from gpen_tune.serve.metrics import ServeMetrics
+from gpen_tune.serve.request_child import RequestSpec
+from gpen_tune.serve.request_processes import RequestProcesses
 from gpen_tune.serve.spool import JobRecord, JobSpool
 from gpen_tune.serve.steps import RequestError, RequestOptions, Steps
 
@@ -68,6 +70,7 @@ class Service:
         self._running: str | None = None                     # the job the job thread works on
         self._loader = threading.Thread(target=self._load, name="gpen-serve-load", daemon=True)
         self._threads: anyio.CapacityLimiter | None = None    # the request steps' threads (made in the loop)
+        self.remote: RequestProcesses | None = None           # --request-processes: prepare and finish there
 
     # -- life --------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -87,7 +90,12 @@ class Service:
 
                 torch.set_num_threads(steps.cpu_threads())    # detection and the generator run at once
             workers = steps.generator_calls(self.limits.generator_calls)
+            if self.limits.request_processes:                 # they start while the generator warms up
+                self.remote = RequestProcesses(RequestSpec.of(steps, self.limits.request_threads),
+                                               self.limits.request_processes)
             steps.warm_up()
+            if self.remote is not None:
+                self.remote.wait_ready()
             self.steps = steps
             self.batcher = FaceBatcher(steps, self.limits.max_wait_ms / 1000.0, self.limits.max_queue_faces,
                                        on_batch=self.metrics.on_batch, workers=workers)
@@ -111,6 +119,8 @@ class Service:
             self._job_thread.join()
         if self.batcher is not None:
             self.batcher.close()
+        if self.remote is not None:
+            self.remote.close()
         if self.steps is not None:
             self.steps.close()
         sys.setswitchinterval(self._switch_interval)
@@ -120,28 +130,51 @@ class Service:
             raise HttpRefusal(503, f"the models could not be loaded: {self.failed}")
         if not self.ready.is_set():
             raise HttpRefusal(503, "the models are still loading", {"Retry-After": "5"})
+        if self.remote is not None and (why := self.remote.exited()) is not None:
+            raise HttpRefusal(503, why)
 
     # -- one image, live ----------------------------------------------------------------------------------------
     async def restore(self, data: bytes, name: str, ext: str, options: RequestOptions,
                       disconnected: Callable[[], Awaitable[bool]]) -> Restored:
         """The upload through prepare -> batcher -> finish within the request timeout; a client that goes away
-        has its queued faces dropped."""
+        has its queued faces dropped. With request processes, prepare and finish run there."""
         self.check_ready()
         deadline = time.monotonic() + self.limits.request_timeout_s
         # the request's files are written, read and removed in worker threads: never on the event loop
         folder = Path(await self.in_thread(tempfile.mkdtemp, dir=self.work_dir))
         try:
-            prepared = await _within(self.in_thread(self._write_and_prepare, folder, data, ext, name, options),
-                                     deadline)
-            try:
-                ticket = self.batcher.submit(prepared)
-            except QueueFull as e:
-                raise HttpRefusal(503, f"busy: {e}", {"Retry-After": "1"}) from None
-            await self._wait(ticket, deadline, disconnected)
+            path = folder / f"input.{ext}"
+            if self.remote is not None:
+                await self.in_thread(path.write_bytes, data)
+                return await self._restore_there(path, name, options, disconnected, deadline)
+            prepared = await _within(self.in_thread(self._write_and_prepare, path, data, name, options), deadline)
+            await self._wait(self._submit(prepared), deadline, disconnected)
             body, out_ext = await self.in_thread(self._finish, prepared, folder, options.ext)
             return Restored(body, out_ext, prepared.faces, dict(prepared.timings))
         finally:
             await asyncio.shield(self.in_thread(shutil.rmtree, folder, True))
+
+    async def _restore_there(self, path: Path, name: str, options: RequestOptions,
+                             disconnected: Callable[[], Awaitable[bool]], deadline: float) -> Restored:
+        """prepare and finish in a request process, the faces restored here in the shared batches."""
+        try:
+            handed = await _within(asyncio.wrap_future(self.remote.prepare(path, name, options)), deadline)
+        except (RequestError, ImageReadError) as e:
+            raise _refusal(e, path, name) from None
+        try:
+            await self._wait(self._submit(handed), deadline, disconnected)
+            finished = await self.in_thread(self.remote.finish, handed, path.parent / "out", options.ext)
+            out, timings = await _within(asyncio.wrap_future(finished), deadline)
+            body = await self.in_thread(out.read_bytes)
+            return Restored(body, out.suffix.lstrip("."), handed.faces, {**timings, **_only_here(handed, timings)})
+        finally:
+            self.remote.release(handed)
+
+    def _submit(self, prepared: Any) -> Ticket:
+        try:
+            return self.batcher.submit(prepared)
+        except QueueFull as e:
+            raise HttpRefusal(503, f"busy: {e}", {"Retry-After": "1"}) from None
 
     async def in_thread(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """`func` on one of the request threads (`--request-threads`; a request holds one while it waits for the
@@ -152,18 +185,15 @@ class Service:
         path = self.steps.finish(prepared, folder / "out", ext)
         return path.read_bytes(), path.suffix.lstrip(".")
 
-    def _write_and_prepare(self, folder: Path, data: bytes, ext: str, name: str, options: RequestOptions):
-        path = folder / f"input.{ext}"
+    def _write_and_prepare(self, path: Path, data: bytes, name: str, options: RequestOptions):
         path.write_bytes(data)
         return self._prepare(path, name, options)
 
     def _prepare(self, path: Path, name: str, options: RequestOptions):
         try:
             return self.steps.prepare(path, name, options)
-        except RequestError as e:
-            raise HttpRefusal(400, str(e)) from None
-        except ImageReadError as e:
-            raise HttpRefusal(400, " ".join(str(e).split()).replace(str(path), name)) from None
+        except (RequestError, ImageReadError) as e:
+            raise _refusal(e, path, name) from None
 
     async def _wait(self, ticket: Ticket, deadline: float, disconnected: Callable[[], Awaitable[bool]]) -> None:
         waiter = asyncio.wrap_future(ticket.future)
@@ -325,7 +355,20 @@ class Service:
     def counters(self) -> dict[str, Any]:
         stats = self.batcher.stats if self.batcher is not None else None
         return {"generator_calls": stats.calls if stats else 0, "faces": stats.faces if stats else 0,
-                "faces_dropped": stats.dropped if stats else 0, "queued_faces": stats.queued if stats else 0}
+                "faces_dropped": stats.dropped if stats else 0, "queued_faces": stats.queued if stats else 0,
+                "request_processes": 0 if self.remote is None else len(self.remote.processes)}
+
+
+def _refusal(error: Exception, path: Path, name: str) -> HttpRefusal:
+    """A request's file that cannot be used: 400, named as the client named it (not by its path here)."""
+    if isinstance(error, RequestError):
+        return HttpRefusal(400, str(error))
+    return HttpRefusal(400, " ".join(str(error).split()).replace(str(path), name))
+
+
+def _only_here(handed: Any, there: dict[str, float]) -> dict[str, float]:
+    """The timings this process added to a handed request (its restore share)."""
+    return {k: v for k, v in handed.timings.items() if k not in there}
 
 
 async def _within(awaitable: Awaitable[Any], deadline: float) -> Any:

@@ -71,6 +71,14 @@ class Prepared:
     def timings(self) -> dict[str, float]:
         return self.job.timings
 
+    @property
+    def on_device(self) -> bool:
+        """Pasted on the GPU: its restored rows stay there."""
+        return self.job.on_device
+
+    def add_time(self, step: str, seconds: float) -> None:
+        self.job.add_time(step, seconds)
+
 
 FaceRef = tuple[Prepared, int]           # one face of one request: (its image, the face's index)
 
@@ -167,8 +175,7 @@ class Steps:
         warmed (twice: a graph is captured on a shape's second use) and pads to the smallest that holds a batch:
         a service's batches are as large as the traffic of the moment, and padding 13 faces to a limit of 64 cost
         five times their generator time (one face alone: 73 ms instead of ~3 ms, GPEN-BFR-512 on an H100)."""
-        if not self.pipeline.settings.aligned:           # the detector service started (a process: ~10 s) and used
-            self.detector().detect([np.full((64, 64, 3), 128, np.uint8)])
+        self.warm_up_detector()
         size = self.pipeline.size
         inner = self.pipeline.restorer                   # the setting lives on the restorer, not on the lock's wrapper
         sizes = sizes_up_to(inner.limit)
@@ -178,6 +185,11 @@ class Steps:
         for b in sizes if inner.one_shape else [1]:
             for _ in range(2 if inner.one_shape else 1):
                 self.restorer.submit([grey] * b).result()
+
+    def warm_up_detector(self) -> None:
+        """The detector service started (a process: ~10 s) and used once."""
+        if not self.pipeline.settings.aligned:
+            self.detector().detect([np.full((64, 64, 3), 128, np.uint8)])
 
     # -- the three calls -----------------------------------------------------------------------------------------
     def prepare(self, path: Path, name: str, options: RequestOptions) -> Prepared:
@@ -200,14 +212,29 @@ class Steps:
         out, batch = pending.result(), pending.device_out
         share = (time.perf_counter() - t) / len(faces)
         for p, _ in faces:
-            p.job.add_time("restore", share)
+            p.add_time("restore", share)
         for idx, stages in self._parse_groups(faces):
             rows = _rows(batch, idx)
             stages.keep_masks([(faces[i][0].job, faces[i][1]) for i in idx], rows)
         for i, ((p, k), restored) in enumerate(zip(faces, out, strict=True)):
             p.restored[k] = restored
-            if p.job.on_device:                                   # pasted on the GPU: its row stays there
+            if p.on_device:                                       # pasted on the GPU: its row stays there
                 p.restored_device[k] = batch[i]
+
+    def take_restored(self, prepared: Prepared, rows: np.ndarray) -> None:
+        """Faces restored by another process's generator [N, S, S, 3] uint8 onto `prepared`: their parse masks
+        made here and, for an image pasted on the GPU, the rows uploaded (what `restore` leaves on the device)."""
+        self._on_device()
+        stages, job = prepared.stages, prepared.job
+        prepared.restored = list(rows)
+        if stages.parser is None and not job.on_device:
+            return
+        import torch  # heavy: torch, loaded with the pipeline already
+
+        batch = torch.from_numpy(rows).to(self.device)
+        if job.on_device:
+            prepared.restored_device = list(batch.unbind(0))
+        stages.keep_masks([(job, k) for k in range(len(rows))], batch)
 
     def finish(self, prepared: Prepared, folder: Path, ext: str | None) -> Path:
         """Paste the restored faces back and write the image into `folder` (atomically, as `enhance` does)."""
@@ -301,10 +328,12 @@ class Steps:
 
     @staticmethod
     def _parse_groups(faces: Sequence[FaceRef]) -> list[tuple[list[int], PipelineSteps]]:
-        """Faces grouped by parser (with / without the mask): each group's masks are one parser call."""
+        """Faces grouped by parser (with / without the mask): each group's masks are one parser call. Faces
+        prepared in a request process (no stages here) get their masks there."""
         groups: dict[int, tuple[list[int], PipelineSteps]] = {}
         for i, (p, _) in enumerate(faces):
-            groups.setdefault(id(p.stages.parser), ([], p.stages))[0].append(i)
+            if p.stages is not None:
+                groups.setdefault(id(p.stages.parser), ([], p.stages))[0].append(i)
         return list(groups.values())
 
 

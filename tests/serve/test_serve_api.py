@@ -137,6 +137,52 @@ def test_two_generator_calls_at_once_give_enhance_pixels(parallel_server, photos
 
 
 @pytest.mark.slow
+def test_request_processes_give_enhance_pixels_and_share_generator_calls(weights, photos, enhanced, tmp_path):
+    """`gpen-tune serve --request-processes 2`: two processes decode, detect, paste and encode (started before the
+    server is ready); the faces of their requests share this server's generator calls and the pixels are
+    `enhance`'s; a bad upload is a 400 naming the client's file; the processes go with the server."""
+    args = ["--weights", str(weights), "--model", MODEL, "--device", "cpu", "--detector", "mtcnn",
+            "--batch-size", "4", "--max-wait-ms", "10000", "--request-processes", "2"]
+    with serve_process(args, tmp_path) as (url, proc):
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        spawned = [c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+        assert len(spawned) == 2, children                    # the request processes, there before any request
+        assert httpx.get(f"{url}/readyz", timeout=10).json()["request_processes"] == 2
+        calls, faces = metric(url, "gpen_serve_generator_calls_total"), metric(url, "gpen_serve_faces_total")
+        with ThreadPoolExecutor(len(photos)) as pool:
+            responses = list(pool.map(lambda p: post(url, p, ext="png"), photos))
+        assert metric(url, "gpen_serve_faces_total") - faces == len(photos)
+        assert metric(url, "gpen_serve_generator_calls_total") - calls < len(photos)   # shared across processes
+        unchanged = post(url, photos[0], ext="png", strength=0.0)
+        jpeg = next(p for p in photos if p.suffix == ".jpg").read_bytes()
+        broken = httpx.post(f"{url}/v1/enhance", files={"file": ("holiday.jpg", jpeg[: len(jpeg) // 3],
+                                                                 "image/jpeg")}, timeout=60)   # pixels that do not read
+        no_parser = httpx.post(f"{url}/v1/enhance", params={"parse_mask": "true"}, content=jpeg, timeout=60)
+        mapped_segments = [line for pid in [proc.pid, *spawned]
+                           for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if "/psm_" in line]
+        proc.terminate()
+        assert proc.wait(timeout=120) == 0
+    for path, r in zip(photos, responses, strict=True):
+        assert r.status_code == 200, r.text
+        assert r.headers["x-faces"] == "1"
+        assert "detect;dur=" in r.headers["server-timing"] and "restore;dur=" in r.headers["server-timing"]
+        ours, theirs = decoded(r.content), decoded(enhanced[path.name])
+        assert ours.shape == theirs.shape
+        assert np.abs(ours - theirs).max() <= TOLERANCE, path.name
+        assert np.abs(ours - decoded(path.read_bytes())).max() > 10   # the face was restored, not passed through
+    assert unchanged.status_code == 200
+    assert np.abs(decoded(unchanged.content) - decoded(photos[0].read_bytes())).max() <= 1
+    assert broken.status_code == 400 and "holiday.jpg" in broken.json()["error"], broken.text
+    assert "spool" not in broken.json()["error"]              # named as the client named it, not by its path here
+    assert no_parser.status_code == 400 and "ParseNet" in no_parser.json()["error"], no_parser.text
+    deadline = time.monotonic() + 60
+    while any(Path(f"/proc/{c}").exists() for c in spawned) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(Path(f"/proc/{c}").exists() for c in spawned)
+    assert not mapped_segments, mapped_segments                # every request's segment unmapped on both sides
+
+
+@pytest.mark.slow
 def test_detector_in_its_own_process_gives_enhance_pixels(weights, photos, enhanced, tmp_path):
     """`gpen-tune serve --detector-processes 2`: the detector runs in two child processes (started before the server
     is ready), concurrent requests get `enhance`'s pixels, and the children go with the server."""

@@ -26,9 +26,7 @@ script that builds one needs the `if __name__ == "__main__":` guard (the child r
 from __future__ import annotations
 
 import contextlib
-import gc
 import multiprocessing as mp
-import pickle
 import queue
 import signal
 import threading
@@ -41,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpen_tune.child_process import detach, pickled, rebuilt
 from gpen_tune.face.detect.base import DEFAULT_DET_SIZE, Detection, detect_shrunk
 from gpen_tune.face.detect.build import build_backend
 from gpen_tune.face.detect.services import MAX_IMAGES, BatchingDetector, DetectRequest, is_lazy, take_batch
@@ -318,19 +317,14 @@ def _finish(batch: list[DetectRequest], error: BaseException | None = None) -> N
         r.done.set()
 
 
+def _exception(payload: bytes | str) -> BaseException:
+    """The child's exception, or a DetectorProcessError with its text when it could not be rebuilt."""
+    return rebuilt(payload, DetectorProcessError)
+
+
 def _unpack(packed: _Packed) -> list[Detection]:
     boxes, scores, lms = packed
     return [Detection(box=boxes[i], score=float(scores[i]), landmarks=lms[i]) for i in range(len(scores))]
-
-
-def _exception(payload: bytes | str) -> BaseException:
-    """The child's exception (pickled), or a DetectorProcessError with its text when it could not be pickled."""
-    if isinstance(payload, bytes):
-        try:
-            return pickle.loads(payload)
-        except Exception:  # noqa: BLE001 - an exception class this process cannot rebuild
-            return DetectorProcessError("the detector process raised an exception that could not be rebuilt")
-    return DetectorProcessError(payload)
 
 
 # ---------------------------------------------------------------------------------------------------- the child
@@ -347,7 +341,7 @@ def _child_main(spec: DetectorSpec, conn: Any) -> None:
         if capture is not None:
             capture()                               # MTCNN's P-Net graphs now, not inside the first batches
     except BaseException as exc:  # noqa: BLE001 - every start failure goes back to the parent
-        conn.send(("error", _pickled(exc)))
+        conn.send(("error", pickled(exc)))
         return
     conn.send(("ready", {"name": detector.name, "device": str(detector.device), "threshold": detector.threshold,
                          "det_size": detector.det_size}))
@@ -362,11 +356,11 @@ def _child_main(spec: DetectorSpec, conn: Any) -> None:
                 return
             _, name, layout, counts = msg
             if shm is None or shm.name != name:         # the parent grew the segment
-                _detach(shm)
+                detach(shm)
                 shm = SharedMemory(name=name)
             conn.send(_detect_requests(detector, shm, layout, counts))
     finally:
-        _detach(shm)
+        detach(shm)
         close = getattr(detector, "close", None)
         if callable(close):
             close()
@@ -380,7 +374,7 @@ def _detect_requests(detector: Any, shm: SharedMemory, layout: list, counts: lis
         found = detector.detect(images)
     except Exception as exc:  # noqa: BLE001 - goes back to its caller(s)
         if len(counts) == 1:
-            return [("error", _pickled(exc))]
+            return [("error", pickled(exc))]
         return [_detect_one(detector, part) for part in _split(images, counts)]
     return [("ok", [_pack_detections(d) for d in part]) for part in _split(found, counts)]
 
@@ -389,19 +383,7 @@ def _detect_one(detector: Any, images: list[np.ndarray]) -> tuple[str, Any]:
     try:
         return "ok", [_pack_detections(d) for d in detector.detect(images)]
     except Exception as exc:  # noqa: BLE001 - goes back to its caller
-        return "error", _pickled(exc)
-
-
-def _detach(shm: SharedMemory | None) -> None:
-    """Unmap a segment (the parent unlinks it); a view still alive somewhere only delays the unmapping."""
-    if shm is None:
-        return
-    try:
-        shm.close()
-    except BufferError:
-        gc.collect()
-        with contextlib.suppress(BufferError):
-            shm.close()
+        return "error", pickled(exc)
 
 
 def _split(items: list, counts: list[int]) -> list[list]:
@@ -417,12 +399,3 @@ def _pack_detections(dets: list) -> _Packed:
         return np.zeros((0, 4)), np.zeros(0), np.zeros((0, 5, 2))
     return (np.stack([d.box for d in dets]), np.array([d.score for d in dets], dtype=np.float64),
             np.stack([d.landmarks for d in dets]))
-
-
-def _pickled(exc: BaseException) -> bytes | str:
-    try:
-        data = pickle.dumps(exc)
-        pickle.loads(data)                      # some exceptions pickle but cannot be rebuilt
-        return data
-    except Exception:  # noqa: BLE001 - fall back to the text
-        return f"{type(exc).__name__}: {exc}"
