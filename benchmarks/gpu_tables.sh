@@ -23,6 +23,7 @@
 #                  --detector-thread, then --detector-process (benchmarks/serve_load.py)
 #   serve-replicas the same 64 clients over 3 servers sharing the GPU (--replicas 3), then over one
 #   serve-detectors the 64 clients against 1, 2, 3 detector processes, 128 request threads, then 1 again (A/B/A)
+#   serve-request-processes the 64 clients against 4 and 8 request processes, each between runs of today's default (A/B/A)
 #   enhance-detectors the folder and long video commands with --detector-processes 2 against the default, interleaved
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -80,6 +81,12 @@ case "$PART" in
                  done ;;
   serve-detectors) for extra in "--detector-processes 1" "--detector-processes 2" "--detector-processes 3" \
                         "--detector-processes 2 --server-args=--request-threads=128" "--detector-processes 1"; do
+                   run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
+                     --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
+                     --batch-size 64 --max-wait-ms 5 --out "$DEST" $extra
+                 done ;;
+  serve-request-processes) for extra in "" "--server-args=--request-processes=4" "" \
+                        "--server-args=--request-processes=8" ""; do
                    run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
                      --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
                      --batch-size 64 --max-wait-ms 5 --out "$DEST" $extra

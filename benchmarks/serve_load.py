@@ -367,7 +367,8 @@ def main() -> None:
     kinds = {kind: _pooled([p for name, p in phases.items() if name.startswith(kind)])
              for kind in ("one_at_a_time", "concurrent")}
     given = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    result = {"benchmark": "serve_load", "args": given, "client_ceiling": ceiling, "phases": phases, "pooled": kinds,
+    result = {"benchmark": "serve_load", "command": shlex.join(["python", "benchmarks/serve_load.py", *sys.argv[1:]]),
+              "args": given, "client_ceiling": ceiling, "phases": phases, "pooled": kinds,
               "server_generator_calls": workers,
               "throughput_ratio": round(kinds["concurrent"]["requests_per_s"]
                                         / kinds["one_at_a_time"]["requests_per_s"], 3),

@@ -60,7 +60,8 @@ def test_help_lists_the_options():
     assert res.exit_code == 0
     for flag in ("--host", "--port", "--token", "--no-auth", "--weights", "--preset", "--spool", "--max-upload-mb",
                  "--max-megapixels", "--max-queue-faces", "--timeout", "--max-wait-ms", "--generator-calls",
-                 "--detector-process", "--detector-thread", "--detector-processes", "--request-threads"):
+                 "--detector-process", "--detector-thread", "--detector-processes", "--request-threads",
+                 "--request-processes"):
         assert flag in res.output
 
 
@@ -75,6 +76,12 @@ def test_help_lists_the_options():
 def test_detector_process_default_is_on_for_a_gpu_server(asked, device, lazy, runs):
     assert serve_detector_process(asked, device, lazy) is runs
     assert serve_detector_process(asked if asked else None, device, lazy, processes=2) is True   # implied
+
+
+def test_with_request_processes_the_servers_own_detector_is_a_thread_unless_asked():
+    """Each request process detects on its own thread; the server's detector serves only the jobs then."""
+    assert serve_detector_process(None, "cuda", False, request_processes=4) is False
+    assert serve_detector_process(True, "cuda", False, request_processes=4) is True
 
 
 def test_detector_thread_with_detector_processes_is_one_line():
@@ -92,6 +99,9 @@ def test_request_threads_below_one_is_one_line_naming_the_flag():
     assert res.exit_code == 1
     errors = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and "--request-threads 0" in errors[0] and "1 or more" in errors[0], res.output
+    res = invoke(["--weights", "synthetic", "--device", "cpu", "--detector", "mtcnn", "--request-processes", "-1"])
+    errors = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert res.exit_code == 1 and len(errors) == 1 and "--request-processes -1" in errors[0], res.output
 
 
 @pytest.mark.slow
