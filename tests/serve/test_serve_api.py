@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -160,8 +162,16 @@ def test_request_processes_give_enhance_pixels_and_share_generator_calls(weights
         no_parser = httpx.post(f"{url}/v1/enhance", params={"parse_mask": "true"}, content=jpeg, timeout=60)
         mapped_segments = [line for pid in [proc.pid, *spawned]
                            for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if "/psm_" in line]
+        os.kill(int(spawned[0]), signal.SIGKILL)              # a request process dies: the server says so
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{url}/readyz", timeout=10).status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        not_ready = httpx.get(f"{url}/readyz", timeout=10)
+        after_death = post(url, photos[0], ext="png")
         proc.terminate()
         assert proc.wait(timeout=120) == 0
+    assert not_ready.status_code == 503 and "request process" in not_ready.json()["error"], not_ready.text
+    assert after_death.status_code == 503 and "restart the server" in after_death.json()["error"]
     for path, r in zip(photos, responses, strict=True):
         assert r.status_code == 200, r.text
         assert r.headers["x-faces"] == "1"
