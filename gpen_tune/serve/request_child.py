@@ -5,14 +5,18 @@ one GIL; on a GPU that, not the generator, bounded the faces/s (benchmarks/RESUL
 process runs `prepare` and `finish` of `gpen_tune.serve.steps` for the requests the server hands it, on its own
 threads, its own GIL and its own detector; the server keeps the generator and batches every process's faces.
 
-What goes through the pipe is small: a request's upload path and options in, the name of a shared-memory segment
-out. The segment holds the request's crops [N, S, S, 3] uint8; the server reads them into its batch and writes the
-restored faces back over them, then asks for `finish`. This process creates and unlinks every segment.
+Through the pipe go the upload and its options in, the name of a shared-memory segment out, then the encoded
+result out: the server's threads make two hops per request (send the upload, send the restored faces) and touch no
+file. The segment holds the request's crops [N, S, S, 3] uint8; the server reads them into its batch and writes
+the restored faces back over them, then asks for `finish`. This process creates and unlinks every segment, and
+writes each request's files in a folder of its own under the server's request folder.
 """
 
 from __future__ import annotations
 
+import shutil
 import signal
+import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -24,6 +28,7 @@ import numpy as np
 import torch
 
 from gpen_tune.child_process import detach, pickled
+from gpen_tune.imageio import ImageReadError
 from gpen_tune.pipeline.api import Pipeline
 from gpen_tune.pipeline.settings import EnhanceSettings
 from gpen_tune.serve.steps import Prepared, RequestOptions, Steps
@@ -40,14 +45,15 @@ class RequestSpec:
     size: int                       # the generator's crop size
     threads: int                    # requests this process works on at once
     torch_threads: int | None       # on the CPU: torch's threads for its detector (one share of the cores)
+    work_dir: str                   # where each request's upload and result are written (the server's)
 
     @classmethod
-    def of(cls, steps: Steps, threads: int) -> RequestSpec:
+    def of(cls, steps: Steps, threads: int, work_dir: Path) -> RequestSpec:
         pipe = steps.pipeline
         settings = replace(pipe.settings, detector_process=False, detector_processes=1)
         cpu = steps.device.type == "cpu"
         return cls(settings, pipe.tune, str(steps.device), pipe.size, threads,
-                   steps.cpu_threads() if cpu else None)
+                   steps.cpu_threads() if cpu else None, str(work_dir))
 
     def build(self) -> Steps:
         """The service's steps without a generator: the detector, the parser and the paste of the server's
@@ -81,7 +87,7 @@ def serve_requests(spec: RequestSpec, conn: Any) -> None:
         conn.send(("error", 0, pickled(exc)))
         return
     conn.send(("ready", 0, None))
-    requests = _Requests(steps, spec.size, conn)
+    requests = _Requests(steps, spec, conn)
     try:
         with ThreadPoolExecutor(spec.threads, thread_name_prefix="gpen-request") as pool:
             while True:
@@ -100,9 +106,9 @@ def serve_requests(spec: RequestSpec, conn: Any) -> None:
 class _Requests:
     """The requests this process holds between `prepare` and `finish`, by the server's key."""
 
-    def __init__(self, steps: Steps, size: int, conn: Any):
-        self.steps, self.size, self.conn = steps, size, conn
-        self._held: dict[int, tuple[Prepared, SharedMemory | None]] = {}
+    def __init__(self, steps: Steps, spec: RequestSpec, conn: Any):
+        self.steps, self.size, self.work_dir, self.conn = steps, spec.size, Path(spec.work_dir), conn
+        self._held: dict[int, tuple[Prepared | None, SharedMemory | None, Path]] = {}
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
 
@@ -121,37 +127,49 @@ class _Requests:
         with self._send_lock:
             self.conn.send(reply)
 
-    def _prepare(self, key: int, path: str, name: str, options: RequestOptions) -> tuple[str | None, int, int, dict]:
-        prepared = self.steps.prepare(Path(path), name, options)
+    def _prepare(self, key: int, data: bytes, name: str, ext: str,
+                 options: RequestOptions) -> tuple[str | None, int, int, dict]:
+        folder = Path(tempfile.mkdtemp(dir=self.work_dir))
+        with self._lock:
+            self._held[key] = (None, None, folder)
+        path = folder / f"input.{ext}"
+        path.write_bytes(data)
+        try:
+            prepared = self.steps.prepare(path, name, options)
+        except ImageReadError as e:                    # named as the client named it, not by its path here
+            raise ImageReadError(" ".join(str(e).split()).replace(str(path), name)) from None
         n = len(prepared.crops)
         shm = SharedMemory(create=True, size=n * self.size * self.size * 3) if n else None
         with self._lock:
-            self._held[key] = (prepared, shm)
+            self._held[key] = (prepared, shm, folder)
         if shm is not None:
             self._rows(shm, n)[...] = np.stack(prepared.crops)
         prepared.crops = []
         return (None if shm is None else shm.name), n, prepared.faces, dict(prepared.timings)
 
-    def _finish(self, key: int, folder: str, ext: str | None) -> tuple[str, dict]:
+    def _finish(self, key: int, ext: str | None) -> tuple[bytes, str, dict]:
         with self._lock:
-            prepared, shm = self._held[key]
+            prepared, shm, folder = self._held[key]
         if shm is not None:
             self.steps.take_restored(prepared, self._rows(shm, len(prepared.restored)))
-        path = self.steps.finish(prepared, Path(folder), ext)
+        path = self.steps.finish(prepared, folder / "out", ext)
+        data = path.read_bytes()
         self._release(key)
-        return str(path), dict(prepared.timings)
+        return data, path.suffix.lstrip("."), dict(prepared.timings)
 
     def _rows(self, shm: SharedMemory, n: int) -> np.ndarray:
         return np.ndarray((n, self.size, self.size, 3), np.uint8, buffer=shm.buf)
 
     def _release(self, key: int) -> None:
         with self._lock:
-            prepared, shm = self._held.pop(key, (None, None))
+            prepared, shm, folder = self._held.pop(key, (None, None, None))
         if prepared is not None:
             prepared.restored, prepared.restored_device = [], []
         if shm is not None:
             detach(shm)
             shm.unlink()
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
     def close(self) -> None:
         """Requests the server never finished (it closed or died): their segments go."""

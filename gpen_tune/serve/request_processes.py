@@ -16,7 +16,6 @@ import threading
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from multiprocessing.shared_memory import SharedMemory
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -81,19 +80,19 @@ class RequestProcesses:
         return None
 
     # -- a request's two calls ----------------------------------------------------------------------------------
-    def prepare(self, path: Path, name: str, options: RequestOptions) -> Future:
-        """Decode, detect, align and cut in the least busy process; the future gives a `Handed`."""
+    def prepare(self, data: bytes, name: str, ext: str, options: RequestOptions) -> Future:
+        """Decode, detect, align and cut the upload in the least busy process; the future gives a `Handed`."""
         with self._lock:
             live = [c for c in self._children if not c.dead]
             if not live:
                 raise RequestProcessError(self.exited() or "no request process is running")
             child = min(live, key=lambda c: c.in_flight)
             child.in_flight += 1
-        return child.call("prepare", next(self._keys), str(path), name, options)
+        return child.call("prepare", next(self._keys), data, name, ext, options)
 
-    def finish(self, handed: Handed, folder: Path, ext: str | None) -> Future:
-        """The restored faces back into the segment, then paste and encode there; the future gives (path, the
-        request's timings)."""
+    def finish(self, handed: Handed, ext: str | None) -> Future:
+        """The restored faces back into the segment, then paste and encode there; the future gives (the encoded
+        image, its extension, the request's timings)."""
         if handed.shm is not None:
             rows = np.ndarray((len(handed.restored), self.size, self.size, 3), np.uint8, buffer=handed.shm.buf)
             for k, face in enumerate(handed.restored):
@@ -101,7 +100,7 @@ class RequestProcesses:
             del rows
         self._unmap(handed)
         handed.finished = True
-        return handed.child.call("finish", handed.key, str(folder), ext)
+        return handed.child.call("finish", handed.key, ext)
 
     def release(self, handed: Handed) -> None:
         """The request is over: its process forgets it, unless `finish` was asked (whose answer ends it)."""
@@ -196,8 +195,8 @@ class _Child:
             owner.ended(self)                              # an error or a finish: the process let it go
             if kind == "error":
                 _settle(future, error=rebuilt(payload, RequestProcessError))
-            else:                                          # "finished": (output path, timings)
-                _settle(future, (Path(payload[0]), payload[1]))
+            else:                                          # "finished": (encoded image, extension, timings)
+                _settle(future, payload)
         with self._lock:
             self.dead = True
             futures, self._futures = list(self._futures.values()), {}

@@ -91,7 +91,7 @@ class Service:
                 torch.set_num_threads(steps.cpu_threads())    # detection and the generator run at once
             workers = steps.generator_calls(self.limits.generator_calls)
             if self.limits.request_processes:                 # they start while the generator warms up
-                self.remote = RequestProcesses(RequestSpec.of(steps, self.limits.request_threads),
+                self.remote = RequestProcesses(RequestSpec.of(steps, self.limits.request_threads, self.work_dir),
                                                self.limits.request_processes)
             steps.warm_up()
             if self.remote is not None:
@@ -140,13 +140,12 @@ class Service:
         has its queued faces dropped. With request processes, prepare and finish run there."""
         self.check_ready()
         deadline = time.monotonic() + self.limits.request_timeout_s
+        if self.remote is not None:
+            return await self._restore_there(data, name, ext, options, disconnected, deadline)
         # the request's files are written, read and removed in worker threads: never on the event loop
         folder = Path(await self.in_thread(tempfile.mkdtemp, dir=self.work_dir))
         try:
             path = folder / f"input.{ext}"
-            if self.remote is not None:
-                await self.in_thread(path.write_bytes, data)
-                return await self._restore_there(path, name, options, disconnected, deadline)
             prepared = await _within(self.in_thread(self._write_and_prepare, path, data, name, options), deadline)
             await self._wait(self._submit(prepared), deadline, disconnected)
             body, out_ext = await self.in_thread(self._finish, prepared, folder, options.ext)
@@ -154,19 +153,20 @@ class Service:
         finally:
             await asyncio.shield(self.in_thread(shutil.rmtree, folder, True))
 
-    async def _restore_there(self, path: Path, name: str, options: RequestOptions,
+    async def _restore_there(self, data: bytes, name: str, ext: str, options: RequestOptions,
                              disconnected: Callable[[], Awaitable[bool]], deadline: float) -> Restored:
-        """prepare and finish in a request process, the faces restored here in the shared batches."""
+        """prepare and finish in a request process (the upload goes there and the image comes back through its
+        pipe), the faces restored here in the shared batches."""
+        asked = await self.in_thread(self.remote.prepare, data, name, ext, options)
         try:
-            handed = await _within(asyncio.wrap_future(self.remote.prepare(path, name, options)), deadline)
+            handed = await _within(asyncio.wrap_future(asked), deadline)
         except (RequestError, ImageReadError) as e:
-            raise _refusal(e, path, name) from None
+            raise _refusal(e, None, name) from None
         try:
             await self._wait(self._submit(handed), deadline, disconnected)
-            finished = await self.in_thread(self.remote.finish, handed, path.parent / "out", options.ext)
-            out, timings = await _within(asyncio.wrap_future(finished), deadline)
-            body = await self.in_thread(out.read_bytes)
-            return Restored(body, out.suffix.lstrip("."), handed.faces, {**timings, **_only_here(handed, timings)})
+            finished = await self.in_thread(self.remote.finish, handed, options.ext)
+            body, out_ext, timings = await _within(asyncio.wrap_future(finished), deadline)
+            return Restored(body, out_ext, handed.faces, {**timings, **_only_here(handed, timings)})
         finally:
             self.remote.release(handed)
 
@@ -359,11 +359,10 @@ class Service:
                 "request_processes": 0 if self.remote is None else len(self.remote.processes)}
 
 
-def _refusal(error: Exception, path: Path, name: str) -> HttpRefusal:
-    """A request's file that cannot be used: 400, named as the client named it (not by its path here)."""
-    if isinstance(error, RequestError):
-        return HttpRefusal(400, str(error))
-    return HttpRefusal(400, " ".join(str(error).split()).replace(str(path), name))
+def _refusal(error: Exception, path: Path | None, name: str) -> HttpRefusal:
+    """A request's file that cannot be used: 400, named as the client named it (not by its `path` here)."""
+    text = " ".join(str(error).split())
+    return HttpRefusal(400, text if path is None or isinstance(error, RequestError) else text.replace(str(path), name))
 
 
 def _only_here(handed: Any, there: dict[str, float]) -> dict[str, float]:
