@@ -187,9 +187,15 @@ class Steps:
                 self.restorer.submit([grey] * b).result()
 
     def warm_up_detector(self) -> None:
-        """The detector service started (a process: ~10 s) and used once."""
-        if not self.pipeline.settings.aligned:
-            self.detector().detect([np.full((64, 64, 3), 128, np.uint8)])
+        """The detector service started (a process: ~10 s), its P-Net graphs captured for every batch size (a
+        detector process captures its own), and used once."""
+        if self.pipeline.settings.aligned:
+            return
+        detector = self.detector()
+        capture = getattr(getattr(detector, "inner", detector), "capture_graphs", None)
+        if capture is not None:
+            capture()
+        detector.detect([np.full((64, 64, 3), 128, np.uint8)])
 
     # -- the three calls -----------------------------------------------------------------------------------------
     def prepare(self, path: Path, name: str, options: RequestOptions) -> Prepared:
