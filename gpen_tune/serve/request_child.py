@@ -34,12 +34,6 @@ from gpen_tune.pipeline.settings import EnhanceSettings
 from gpen_tune.serve.steps import Prepared, RequestOptions, Steps
 from gpen_tune.tune.options import TuneConfig
 
-# Of a GPU's memory, what the request processes may use together (each its equal part, as torch's per-process
-# fraction: their detectors size their batches and P-Net plans from it); the generator's process keeps the rest.
-# Uncapped, 8 processes took ~6.4 GiB each beside the generator's 27 GiB and ran an H100 out of memory
-# (benchmarks/results/20261207-043805_serve_load_cuda_GPEN-BFR-512_k64_rp8.json).
-REQUEST_MEMORY_SHARE = 0.4
-
 
 @dataclass(frozen=True)
 class RequestSpec:
@@ -52,16 +46,14 @@ class RequestSpec:
     threads: int                    # requests this process works on at once
     torch_threads: int | None       # on the CPU: torch's threads for its detector (one share of the cores)
     work_dir: str                   # where each request's upload and result are written (the server's)
-    memory_fraction: float | None   # on a GPU: this process's share of its memory
 
     @classmethod
-    def of(cls, steps: Steps, threads: int, work_dir: Path, processes: int) -> RequestSpec:
+    def of(cls, steps: Steps, threads: int, work_dir: Path) -> RequestSpec:
         pipe = steps.pipeline
         settings = replace(pipe.settings, detector_process=False, detector_processes=1)
         cpu = steps.device.type == "cpu"
         return cls(settings, pipe.tune, str(steps.device), pipe.size, threads,
-                   steps.cpu_threads() if cpu else None, str(work_dir),
-                   None if steps.device.type != "cuda" else REQUEST_MEMORY_SHARE / processes)
+                   steps.cpu_threads() if cpu else None, str(work_dir))
 
     def build(self) -> Steps:
         """The service's steps without a generator: the detector, the parser and the paste of the server's
@@ -90,8 +82,6 @@ def serve_requests(spec: RequestSpec, conn: Any) -> None:
     try:
         if spec.torch_threads:
             torch.set_num_threads(spec.torch_threads)
-        if spec.memory_fraction is not None:
-            torch.cuda.set_per_process_memory_fraction(spec.memory_fraction, torch.device(spec.device))
         steps = spec.build()
     except BaseException as exc:  # noqa: BLE001 - every start failure goes back to the server
         conn.send(("error", 0, pickled(exc)))

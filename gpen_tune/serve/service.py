@@ -91,8 +91,8 @@ class Service:
                 torch.set_num_threads(steps.cpu_threads())    # detection and the generator run at once
             workers = steps.generator_calls(self.limits.generator_calls)
             if self.limits.request_processes:                 # they start while the generator warms up
-                n = self.limits.request_processes
-                self.remote = RequestProcesses(RequestSpec.of(steps, self.limits.request_threads, self.work_dir, n), n)
+                self.remote = RequestProcesses(RequestSpec.of(steps, self.limits.request_threads, self.work_dir),
+                                               self.limits.request_processes)
             steps.warm_up()
             if self.remote is not None:
                 self.remote.wait_ready()
