@@ -73,10 +73,12 @@ def serve(
     request_threads: Annotated[int, _opt("--request-threads", panel=LIMIT_PANEL, metavar="N",
                                          help="Threads that decode, detect, paste and encode requests (a request "
                                          "holds one while it waits for detection).")] = 40,
-    request_processes: Annotated[int, _opt("--request-processes", panel=LIMIT_PANEL, metavar="N",
-                                           help="Processes that decode, detect, paste and encode requests, each "
-                                           "with its own detector, feeding this process's generator (0: this "
-                                           "process's threads).")] = 0,
+    request_processes: Annotated[int | None, _opt("--request-processes", panel=LIMIT_PANEL, metavar="N",
+                                                  show_default=False,
+                                                  help="Processes that decode, detect, paste and encode requests, "
+                                                  "each with its own detector, feeding this process's generator "
+                                                  "(0: this process's threads). Default: 4 on a GPU of 64 GiB or "
+                                                  "more, else 0.")] = None,
     spool_quota_mb: Annotated[float, _opt("--spool-quota-mb", panel=LIMIT_PANEL, help="Spool size limit.")]
     = 2048.0,
     job_expiry_h: Annotated[float, _opt("--job-expiry-h", panel=LIMIT_PANEL,
@@ -104,12 +106,14 @@ def serve(
         resolve_device,
     )
     from gpen_tune.serve.app import create_app  # heavy: torch (fast --help)
-    from gpen_tune.serve.limits import ServeLimits  # heavy: torch (fast --help)
+    from gpen_tune.serve.limits import ServeLimits, default_request_processes  # heavy: torch (fast --help)
     from gpen_tune.serve.steps import Steps  # heavy: torch (fast --help)
 
     try:
         dev = resolve_device(device, notice)
         tune, origin = tune_config_from_options(preset, device=dev.type)
+        if request_processes is None:
+            request_processes = default_request_processes(dev)
         detector_process = serve_detector_process(detector_process, dev.type, tune.lazy_detector,
                                                   detector_processes, request_processes)
         settings = EnhanceSettings(model=model, weights=weights, device=str(dev), detector=detector,

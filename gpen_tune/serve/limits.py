@@ -38,6 +38,22 @@ class ServeLimits:
             raise ValueError(f"--request-processes {self.request_processes}: use 0 (this process's threads) or more")
 
 
+# `serve --request-processes` on a GPU: 4 served 239.0 / 237.6 faces/s (p99 0.48 / 0.54 s) against 191.2 / 176.2
+# (p99 0.62 / 0.61 s) for one detector process, 6 served 219.1, 8 ran an H100 out of memory (each process holds
+# ~6.4 GiB beside the generator's ~27 GiB at batch 64): benchmarks/RESULTS.md, "Service".
+REQUEST_PROCESSES_ON_GPU = 4
+REQUEST_PROCESSES_MIN_GPU_BYTES = 64 * 2**30
+
+
+def default_request_processes(device: object) -> int:
+    """`serve --request-processes` when not given: 4 on a GPU with 64 GiB or more for this process, else 0 (the
+    server's own threads; on the CPU the generator is the work and a process per request adds nothing)."""
+    from gpen_tune.device_memory import cuda_total  # heavy: torch (the CLI's --help stays fast)
+
+    total = cuda_total(device)
+    return REQUEST_PROCESSES_ON_GPU if total is not None and total >= REQUEST_PROCESSES_MIN_GPU_BYTES else 0
+
+
 class HttpRefusal(Exception):
     """A request refused with `status` and a one-line `message` (and optional headers)."""
 

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from gpen_tune.cli import app
 from gpen_tune.pipeline.conflicts import serve_detector_process
 from gpen_tune.serve import MISSING_EXTRA
+from gpen_tune.serve.limits import default_request_processes
 
 
 def invoke(args: list[str]):
@@ -76,6 +77,11 @@ def test_help_lists_the_options():
 def test_detector_process_default_is_on_for_a_gpu_server(asked, device, lazy, runs):
     assert serve_detector_process(asked, device, lazy) is runs
     assert serve_detector_process(asked if asked else None, device, lazy, processes=2) is True   # implied
+
+
+def test_request_processes_default_to_none_off_a_gpu():
+    """4 only on a GPU of 64 GiB or more (each process holds its own detector there); the CPU keeps its threads."""
+    assert default_request_processes("cpu") == 0
 
 
 def test_with_request_processes_the_servers_own_detector_is_a_thread_unless_asked():
