@@ -341,6 +341,7 @@ def main() -> None:
     procs, urls, pids = [s[0] for s in servers], [s[1] for s in servers], [s[0].pid for s in servers]
     spy = None                                    # py-spy attached to the first ready server; it writes when it ends
     phases: dict[str, dict] = {}
+    ready: dict = {}
     try:
         for proc, url, cmd, log in servers:       # started side by side, ready one by one
             wait_ready(proc, url, cmd, log)
@@ -348,6 +349,7 @@ def main() -> None:
             spy = subprocess.Popen([py_spy(), "record", "--pid", str(pids[0]), "--threads", "--subprocesses",
                                     "--nonblocking", "-f", "raw", "-r", "100", "-o", str(args.profile)])
         workers = int(metric(urls[0], "gpen_serve_generator_workers"))
+        ready = httpx.get(f"{urls[0]}/readyz", timeout=10).json()     # what the server chose (request processes)
         run_phase(urls, bodies[: args.warmup], min(args.clients, max(args.warmup, len(urls))))
         phases = {"one_at_a_time_0": run_phase(urls, bodies[:seq_n], 1, server_pids=pids)}
         for r in range(1, args.rounds + 1):
@@ -369,7 +371,7 @@ def main() -> None:
     given = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     result = {"benchmark": "serve_load", "command": shlex.join(["python", "benchmarks/serve_load.py", *sys.argv[1:]]),
               "args": given, "client_ceiling": ceiling, "phases": phases, "pooled": kinds,
-              "server_generator_calls": workers,
+              "server_generator_calls": workers, "server_request_processes": ready.get("request_processes"),
               "throughput_ratio": round(kinds["concurrent"]["requests_per_s"]
                                         / kinds["one_at_a_time"]["requests_per_s"], 3),
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
@@ -387,6 +389,7 @@ def main() -> None:
               f"(its main process {p.get('server_main_cpu_ms_per_request') or 0:.1f})  errors {p['errors']}")
     for name, p in phases.items():
         print(f"{name:20s} Server-Timing mean ms: {p['server_timing_mean_ms']}")
+    print(f"server request processes: {ready.get('request_processes')}")
     print(f"K-client throughput / one at a time: {result['throughput_ratio']:.2f}x  -> {path}")
 
 
