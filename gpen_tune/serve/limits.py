@@ -27,7 +27,8 @@ class ServeLimits:
     max_wait_ms: float = 5.0                # how long the oldest queued face waits for others to share its batch
     generator_calls: int | None = None      # generator calls at once (None: Steps.generator_calls' default)
     request_threads: int = 40               # threads running requests' steps (a request holds one while detecting)
-    request_processes: int = 0              # processes running requests' steps beside the generator's (0: none)
+    request_processes: int = 0              # processes running requests' steps beside the generator's (0: none;
+                                            # `gpen-tune serve` asks `default_request_processes`)
     spool_quota_bytes: int = 2 * 2**30      # 507 for a new job above it
     job_expiry_s: float = 24 * 3600.0       # finished jobs (and their files) are removed after this
 
