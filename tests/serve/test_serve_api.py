@@ -162,6 +162,12 @@ def test_request_processes_give_enhance_pixels_and_share_generator_calls(weights
         no_parser = httpx.post(f"{url}/v1/enhance", params={"parse_mask": "true"}, content=jpeg, timeout=60)
         mapped_segments = [line for pid in [proc.pid, *spawned]
                            for line in Path(f"/proc/{pid}/maps").read_text().splitlines() if "/psm_" in line]
+        job = httpx.post(f"{url}/v1/jobs", files={"file": (photos[1].name, photos[1].read_bytes(), "image/jpeg")},
+                         timeout=60).json()                    # jobs run in the server's own process
+        deadline = time.monotonic() + 120
+        while job["state"] in ("queued", "running") and time.monotonic() < deadline:
+            time.sleep(0.3)
+            job = httpx.get(f"{url}/v1/jobs/{job['id']}", timeout=10).json()
         os.kill(int(spawned[0]), signal.SIGKILL)              # a request process dies: the server says so
         deadline = time.monotonic() + 30
         while httpx.get(f"{url}/readyz", timeout=10).status_code == 200 and time.monotonic() < deadline:
@@ -170,6 +176,7 @@ def test_request_processes_give_enhance_pixels_and_share_generator_calls(weights
         after_death = post(url, photos[0], ext="png")
         proc.terminate()
         assert proc.wait(timeout=120) == 0
+    assert job["state"] == "done" and job["faces"] == 1, job
     assert not_ready.status_code == 503 and "request process" in not_ready.json()["error"], not_ready.text
     assert after_death.status_code == 503 and "restart the server" in after_death.json()["error"]
     for path, r in zip(photos, responses, strict=True):
@@ -190,6 +197,29 @@ def test_request_processes_give_enhance_pixels_and_share_generator_calls(weights
         time.sleep(0.1)
     assert not any(Path(f"/proc/{c}").exists() for c in spawned)
     assert not mapped_segments, mapped_segments                # every request's segment unmapped on both sides
+
+
+@pytest.mark.slow
+def test_request_processes_let_go_of_what_timed_out_or_gone_requests_held(tmp_path, photos):
+    """A face that waits past the timeout (504) and one whose client hangs up are dropped from the batcher, and
+    the request process frees what it held for them: its shared-memory segments are unmapped and removed."""
+    args = ["--weights", "synthetic", "--model", MODEL, "--device", "cpu", "--detector", "mtcnn",
+            "--batch-size", "4", "--max-wait-ms", "60000", "--timeout", "4", "--request-processes", "1"]
+    small = next(p for p in photos if p.name == "hopper_small.png")
+    with serve_process(args, tmp_path) as (url, proc):
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        child = next(c for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes())
+        dropped = metric(url, "gpen_serve_faces_dropped_total")
+        late = post(url, small)
+        assert late.status_code == 504, late.text
+        with pytest.raises(httpx.ReadTimeout):                # the client gives up while its face is queued
+            httpx.post(f"{url}/v1/enhance", content=small.read_bytes(), headers={"Content-Type": "image/png"},
+                       timeout=httpx.Timeout(60, read=1.5))
+        _until(lambda: metric(url, "gpen_serve_faces_dropped_total") == dropped + 2)
+        _until(lambda: "/psm_" not in Path(f"/proc/{child}/maps").read_text())
+        _until(lambda: not [p for p in (tmp_path / "spool" / "requests").rglob("*") if p.is_file()])  # its files
+        proc.terminate()
+        assert proc.wait(timeout=120) == 0
 
 
 @pytest.mark.slow
