@@ -114,6 +114,9 @@ def serve(
         tune, origin = tune_config_from_options(preset, device=dev.type)
         if request_processes is None:
             request_processes = default_request_processes(dev)
+        if request_processes and (detector_process or detector_processes):
+            notice(f"each of the {request_processes} request processes detects its requests' faces: the "
+                   "server's own detector (--detector-process / --detector-processes) serves only the jobs")
         detector_process = serve_detector_process(detector_process, dev.type, tune.lazy_detector,
                                                   detector_processes, request_processes)
         settings = EnhanceSettings(model=model, weights=weights, device=str(dev), detector=detector,
