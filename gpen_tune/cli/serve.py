@@ -99,6 +99,7 @@ def serve(
         check_bind(host, token, no_auth)
     except UnsafeBind as e:
         raise failure(e) from None
+    from gpen_tune.model.configs import model_info
     from gpen_tune.pipeline.conflicts import check_detector_process, serve_detector_process
     from gpen_tune.pipeline.settings import (  # heavy: torch (fast --help)
         EnhanceSettings,
@@ -106,7 +107,11 @@ def serve(
         resolve_device,
     )
     from gpen_tune.serve.app import create_app  # heavy: torch (fast --help)
-    from gpen_tune.serve.limits import ServeLimits, default_request_processes  # heavy: torch (fast --help)
+    from gpen_tune.serve.limits import (  # heavy: torch (fast --help)
+        ServeLimits,
+        default_request_processes,
+        shared_memory_shortfall,
+    )
     from gpen_tune.serve.steps import Steps  # heavy: torch (fast --help)
 
     try:
@@ -114,6 +119,14 @@ def serve(
         tune, origin = tune_config_from_options(preset, device=dev.type)
         if request_processes is None:
             request_processes = default_request_processes(dev)
+            if request_processes and (short := shared_memory_shortfall(model_info(model).config.size,
+                                                                       max_queue_faces)):
+                notice(f"{short}: serving without request processes (a container: --shm-size 2g)")
+                request_processes = 0
+        elif request_processes and (short := shared_memory_shortfall(model_info(model).config.size,
+                                                                     max_queue_faces)):
+            raise ValueError(f"{short}: give it more (a container: --shm-size 2g), lower --max-queue-faces, or "
+                             "pass --request-processes 0")
         if request_processes and (detector_process or detector_processes):
             notice(f"each of the {request_processes} request processes detects its requests' faces: the "
                    "server's own detector (--detector-process / --detector-processes) serves only the jobs")

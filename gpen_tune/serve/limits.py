@@ -6,6 +6,7 @@ from __future__ import annotations
 import hmac
 import io
 import ipaddress
+import os
 import warnings
 from dataclasses import dataclass
 
@@ -53,6 +54,29 @@ def default_request_processes(device: object) -> int:
 
     total = cuda_total(device)
     return REQUEST_PROCESSES_ON_GPU if total is not None and total >= REQUEST_PROCESSES_MIN_GPU_BYTES else 0
+
+
+SHARED_MEMORY_DIR = "/dev/shm"       # where POSIX shared memory lives on Linux (a container's is 64 MiB by default)
+
+
+def shared_memory_shortfall(size: int, queue_faces: int, free: int | None = None) -> str | None:
+    """Why /dev/shm cannot carry the request processes' faces, or None when it can (or there is none to check).
+
+    A request's crops and restored faces live in a segment there from `prepare` to `finish`: at most the queued
+    faces (`--max-queue-faces`) and as many again in the generator's batch and in requests being finished, each
+    `size` x `size` x 3 bytes. A segment written beyond what /dev/shm holds kills its process (SIGBUS), so this is
+    checked before the server starts. `free`: the free bytes (None: read from the file system)."""
+    if free is None:
+        try:
+            stat = os.statvfs(SHARED_MEMORY_DIR)
+        except OSError:
+            return None
+        free = stat.f_bavail * stat.f_frsize
+    need = 2 * queue_faces * size * size * 3
+    if free >= need:
+        return None
+    return (f"{SHARED_MEMORY_DIR} has {free / 2**20:.0f} MiB free and request processes need about "
+            f"{need / 2**20:.0f} MiB there ({queue_faces} queued faces of {size} px, twice over)")
 
 
 class HttpRefusal(Exception):

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from gpen_tune.cli import app
 from gpen_tune.pipeline.conflicts import serve_detector_process
 from gpen_tune.serve import MISSING_EXTRA
-from gpen_tune.serve.limits import default_request_processes
+from gpen_tune.serve.limits import default_request_processes, shared_memory_shortfall
 
 
 def invoke(args: list[str]):
@@ -82,6 +82,23 @@ def test_detector_process_default_is_on_for_a_gpu_server(asked, device, lazy, ru
 def test_request_processes_default_to_none_off_a_gpu():
     """4 only on a GPU of 64 GiB or more (each process holds its own detector there); the CPU keeps its threads."""
     assert default_request_processes("cpu") == 0
+
+
+def test_request_processes_need_room_in_shared_memory():
+    """A 512 px face is 768 KiB; 256 queued faces twice over need 384 MiB of /dev/shm (a container's default is 64)."""
+    short = shared_memory_shortfall(512, 256, free=64 * 2**20)
+    assert short is not None and "64 MiB free" in short and "384 MiB" in short
+    assert shared_memory_shortfall(512, 256, free=384 * 2**20) is None
+    assert shared_memory_shortfall(256, 16, free=7 * 2**20) is None          # 6 MiB for 16 faces of 256 px
+
+
+def test_request_processes_asked_for_without_room_in_shared_memory_is_one_line():
+    """Asked for with a queue no /dev/shm here holds: a one-line error naming the fixes, before anything loads."""
+    res = invoke(["--weights", "synthetic", "--device", "cpu", "--detector", "mtcnn", "--request-processes", "2",
+                  "--max-queue-faces", "100000000"])
+    errors = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert res.exit_code == 1 and len(errors) == 1, res.output
+    assert "/dev/shm" in errors[0] and "--shm-size" in errors[0] and "--request-processes 0" in errors[0]
 
 
 def test_with_request_processes_the_servers_own_detector_is_a_thread_unless_asked():
