@@ -57,3 +57,13 @@ def test_install_script_in_a_clean_venv(tmp_path):
                            "'index.html').is_file())"], env=env, cwd=tmp_path, capture_output=True, text=True)
     where, has_page = page.stdout.split()
     assert where.startswith(str(venv)) and has_page == "True", page.stderr
+
+
+def test_compose_file_parses_and_gives_the_gpu_service_shared_memory():
+    """compose.yaml is valid YAML (a `: ` inside an unquoted value is not) and the GPU service has room in /dev/shm
+    for its request processes' faces (docker's default of 64 MiB holds ~80 faces of 512 px)."""
+    yaml = pytest.importorskip("yaml")
+    services = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]
+    assert services["gpen"]["shm_size"] == "2gb"
+    assert services["gpen"]["environment"]["GPEN_TUNE_TOKEN"].startswith("${GPEN_TUNE_TOKEN:?")
+    assert set(services) == {"gpen", "gpen-cpu"}
