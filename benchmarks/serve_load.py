@@ -88,7 +88,8 @@ def server_timing(header: str) -> list[tuple[str, float]]:
     return out
 
 
-def _client_process(urls: list[str], bodies: list[bytes], indices: list[int], threads: int, go: Any, out: Any) -> None:
+def _client_process(urls: list[str], bodies: list[bytes], indices: list[int], threads: int, go: Any, out: Any,
+                    params: dict) -> None:
     """One client process: `threads` threads, each with its own connection to one of `urls` (thread i to
     urls[i % len(urls)], as a load balancer spreads connections over replicas), send the bodies named by `indices`
     once `go` is set; (latencies, Server-Timing steps, errors, this process's CPU seconds) go to `out`."""
@@ -106,7 +107,8 @@ def _client_process(urls: list[str], bodies: list[bytes], indices: list[int], th
                 if i is None:
                     return
                 with Stopwatch() as sw:
-                    r = http.post(f"{url}/v1/enhance", content=bodies[i], headers={"Content-Type": "image/jpeg"})
+                    r = http.post(f"{url}/v1/enhance", content=bodies[i], headers={"Content-Type": "image/jpeg"},
+                                  params=params)
                 with lock:
                     latencies.append(sw.seconds)
                     if r.status_code != 200:
@@ -144,7 +146,7 @@ def process_tree_cpu_s(pids: list[int]) -> tuple[float, float]:
 
 
 def run_phase(urls: list[str], bodies: list[bytes], clients: int, processes: int = 1,
-              server_pids: list[int] | None = None) -> dict:
+              server_pids: list[int] | None = None, params: dict | None = None) -> dict:
     """Every body once, from `clients` threads (each with its own connection, to the replicas `urls` in turn) spread
     over `processes` client
     processes, so that the load generator is not what sets the pace: against a server that answers at once
@@ -159,7 +161,7 @@ def run_phase(urls: list[str], bodies: list[bytes], clients: int, processes: int
     children = [ctx.Process(target=_client_process, daemon=True,
                             args=(urls[p % len(urls):] + urls[:p % len(urls)], bodies,
                                   list(range(p, len(bodies), processes)),
-                                  clients // processes + (p < clients % processes), go, out))
+                                  clients // processes + (p < clients % processes), go, out, params or {}))
                 for p in range(processes)]
     for child in children:
         child.start()
@@ -304,6 +306,8 @@ def main() -> None:
     where.add_argument("--detector-thread", action="store_true", help="the server's --detector-thread")
     ap.add_argument("--detector-processes", type=int, default=None, help="the server's --detector-processes")
     ap.add_argument("--server-args", default="", help="more options of the server (quoted), e.g. an A/B of a flag")
+    ap.add_argument("--strength", type=float, default=None,
+                    help="the requests' strength (0: no generator call: what the server spends around it)")
     ap.add_argument("--tag", default=None, help="added to the JSON name (e.g. what the server's environment had)")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--requests", type=int, default=32, help="requests of the K-client phase")
@@ -350,11 +354,13 @@ def main() -> None:
                                     "--nonblocking", "-f", "raw", "-r", "100", "-o", str(args.profile)])
         workers = int(metric(urls[0], "gpen_serve_generator_workers"))
         ready = httpx.get(f"{urls[0]}/readyz", timeout=10).json()     # what the server chose (request processes)
-        run_phase(urls, bodies[: args.warmup], min(args.clients, max(args.warmup, len(urls))))
-        phases = {"one_at_a_time_0": run_phase(urls, bodies[:seq_n], 1, server_pids=pids)}
+        params = {} if args.strength is None else {"strength": args.strength}
+        run_phase(urls, bodies[: args.warmup], min(args.clients, max(args.warmup, len(urls))), params=params)
+        phases = {"one_at_a_time_0": run_phase(urls, bodies[:seq_n], 1, server_pids=pids, params=params)}
         for r in range(1, args.rounds + 1):
-            phases[f"concurrent_{r}"] = run_phase(urls, bodies[: args.requests], args.clients, processes, pids)
-            phases[f"one_at_a_time_{r}"] = run_phase(urls, bodies[:seq_n], 1, server_pids=pids)
+            phases[f"concurrent_{r}"] = run_phase(urls, bodies[: args.requests], args.clients, processes, pids,
+                                                  params)
+            phases[f"one_at_a_time_{r}"] = run_phase(urls, bodies[:seq_n], 1, server_pids=pids, params=params)
     finally:
         for proc in procs:
             proc.terminate()
