@@ -93,7 +93,7 @@ class Service:
             if self.limits.request_processes:                 # they start while the generator warms up
                 self.remote = RequestProcesses(RequestSpec.of(steps, self.limits.request_threads, self.work_dir),
                                                self.limits.request_processes)
-            steps.warm_up()
+            steps.warm_up(detector=self.remote is None)
             if self.remote is not None:
                 self.remote.wait_ready()
             self.steps = steps

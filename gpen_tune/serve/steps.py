@@ -168,14 +168,17 @@ class Steps:
             return asked
         return max(1, usable_cores() // self.cpu_threads())
 
-    def warm_up(self) -> None:
+    def warm_up(self, detector: bool = True) -> None:
         """A detection and generator calls on grey pixels, so the first requests do not pay for lazy initialisation.
 
         A forward that pads batches to one shape (CUDA graphs, a compile) gets every bucket up to the limit
         warmed (twice: a graph is captured on a shape's second use) and pads to the smallest that holds a batch:
         a service's batches are as large as the traffic of the moment, and padding 13 faces to a limit of 64 cost
-        five times their generator time (one face alone: 73 ms instead of ~3 ms, GPEN-BFR-512 on an H100)."""
-        self.warm_up_detector()
+        five times their generator time (one face alone: 73 ms instead of ~3 ms, GPEN-BFR-512 on an H100).
+        `detector` False: this process's detector is left for its first use (request processes detect the
+        requests; it serves only the jobs)."""
+        if detector:
+            self.warm_up_detector()
         size = self.pipeline.size
         inner = self.pipeline.restorer                   # the setting lives on the restorer, not on the lock's wrapper
         sizes = sizes_up_to(inner.limit)
