@@ -24,7 +24,8 @@
 #   serve-replicas the same 64 clients over 3 servers sharing the GPU (--replicas 3), then over one
 #   serve-detectors the 64 clients against 1, 2, 3 detector processes, 128 request threads, then 1 again (A/B/A)
 #   serve-request-processes the 64 clients against the server as started (4 request processes on a GPU of 64 GiB
-#                   or more), each between runs with none (one detector process), A/B/A/B
+#                   or more), each between runs with none (one detector process), A/B/A/B; then the default at
+#                   strength 0 (no generator call: the ceiling of what surrounds it)
 #   enhance-detectors the folder and long video commands with --detector-processes 2 against the default, interleaved
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -87,7 +88,7 @@ case "$PART" in
                      --batch-size 64 --max-wait-ms 5 --out "$DEST" $extra
                  done ;;
   serve-request-processes) for extra in "--server-args=--request-processes=0" "--tag=default" \
-                        "--server-args=--request-processes=0" "--tag=default"; do
+                        "--server-args=--request-processes=0" "--tag=default" "--strength=0 --tag=strength0"; do
                    run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
                      --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
                      --batch-size 64 --max-wait-ms 5 --out "$DEST" $extra
