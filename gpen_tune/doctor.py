@@ -47,7 +47,7 @@ NOT_USED = {
                "and drags in training-only packages",
 }
 KEYS = ("python", "gpen_tune", "torch", "cuda", "gpus", "mps", "compile", "optional", "not_used", "cache",
-        "warnings")
+        "shared_memory", "warnings")
 
 
 def diagnose(check_imports: bool = False) -> dict:
@@ -69,6 +69,7 @@ def diagnose(check_imports: bool = False) -> dict:
     report["not_used"] = {name: {"installed": _dist_version(name) is not None, "reason": reason}
                           for name, reason in NOT_USED.items()}
     report["cache"] = _cache_section(warnings)
+    report["shared_memory"] = _shared_memory_section(warnings, bool(report["gpus"]))
     if not report["gpus"]:
         warnings.insert(0, NO_GPU_WARNING)
     report["warnings"] = warnings
@@ -194,3 +195,22 @@ def _cache_section(warnings: list[str]) -> dict:
             continue
         section["files"].append({"name": p.name, "bytes": p.stat().st_size, "pinned_sha256": pinned.get(p.name)})
     return section
+
+
+def _shared_memory_section(warnings: list[str], has_gpu: bool) -> dict:
+    """/dev/shm's free bytes against what `gpen-tune serve`'s request processes need for GPEN-BFR-512 at the default
+    queue (they pass faces through it; a container gets 64 MiB unless given more)."""
+    from gpen_tune.serve.limits import (  # doctor imports light
+        SHARED_MEMORY_DIR,
+        ServeLimits,
+        shared_memory_free,
+        shared_memory_shortfall,
+    )
+
+    free = shared_memory_free()
+    queue = ServeLimits().max_queue_faces
+    short = None if free is None else shared_memory_shortfall(512, queue, free)
+    if short is not None and has_gpu:
+        warnings.append(f"{short}: gpen-tune serve runs without request processes here (a container: --shm-size 2g)")
+    return {"dir": SHARED_MEMORY_DIR, "free_bytes": free, "serve_needs_bytes": 2 * queue * 512 * 512 * 3,
+            "enough_for_serve": short is None}

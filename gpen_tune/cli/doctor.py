@@ -73,6 +73,10 @@ def doctor(
         t.add_row("", f"{f['name']}  {f['bytes'] / 1e6:.1f} MB  {pin}")
     for f in cache["partial"]:
         t.add_row("", f"{f['name']}  {f['bytes'] / 1e6:.1f} MB  [yellow]partial download (resumes)[/]")
+    shm = r["shared_memory"]
+    t.add_row("shared memory", "[dim]none[/]" if shm["free_bytes"] is None else
+              f"{shm['dir']}: {_gib(shm['free_bytes'])} free ({_gib(shm['serve_needs_bytes'])} for serve's request "
+              f"processes: {_yes(shm['enough_for_serve'])})")
     out.print(t)
     for w in r["warnings"]:
         err.print(f"[bold red]WARNING:[/] {w}", highlight=False)

@@ -5,7 +5,9 @@
 
 Modules, one job each: `steps` (the only caller of the pipeline: prepare / restore / finish), `batcher` (one queue
 of faces from every request, its generator threads: one on a GPU, one per share of the cores on the CPU),
-`service` (uploads and jobs through them), `spool` (the jobs' folder), `limits` (bounds, header check, auth),
+`service` (uploads and jobs through them), `request_processes` and `request_child` (prepare and finish in other
+processes feeding this one's batcher: `--request-processes`), `spool` (the jobs' folder), `limits` (bounds,
+header check, auth, the request processes' default and their shared-memory check),
 `metrics` (Prometheus), `app` (the routes), `runner` (uvicorn with the CLI's rules), `static/` (the web page).
 Needs the `serve` extra: pip install 'gpen-tune[serve]'.
 """

@@ -59,6 +59,15 @@ def default_request_processes(device: object) -> int:
 SHARED_MEMORY_DIR = "/dev/shm"       # where POSIX shared memory lives on Linux (a container's is 64 MiB by default)
 
 
+def shared_memory_free() -> int | None:
+    """The free bytes of /dev/shm (None where there is none)."""
+    try:
+        stat = os.statvfs(SHARED_MEMORY_DIR)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
+
+
 def shared_memory_shortfall(size: int, queue_faces: int, free: int | None = None) -> str | None:
     """Why /dev/shm cannot carry the request processes' faces, or None when it can (or there is none to check).
 
@@ -66,12 +75,9 @@ def shared_memory_shortfall(size: int, queue_faces: int, free: int | None = None
     faces (`--max-queue-faces`) and as many again in the generator's batch and in requests being finished, each
     `size` x `size` x 3 bytes. A segment written beyond what /dev/shm holds kills its process (SIGBUS), so this is
     checked before the server starts. `free`: the free bytes (None: read from the file system)."""
+    free = shared_memory_free() if free is None else free
     if free is None:
-        try:
-            stat = os.statvfs(SHARED_MEMORY_DIR)
-        except OSError:
-            return None
-        free = stat.f_bavail * stat.f_frsize
+        return None
     need = 2 * queue_faces * size * size * 3
     if free >= need:
         return None

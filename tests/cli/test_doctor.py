@@ -26,6 +26,9 @@ def test_report_has_the_documented_keys(home):
     assert r["optional"]["cv2"]["importable"] is True  # light parts are really imported
     assert "basicsr" in r["not_used"] and "deliberately not used" in r["not_used"]["basicsr"]["reason"]
     assert r["cache"]["dir"] == str(home) and r["cache"]["env"] == str(home) and r["cache"]["exists"] is False
+    shm = r["shared_memory"]                             # what serve's request processes pass faces through
+    assert shm["dir"] == "/dev/shm" and shm["serve_needs_bytes"] == 2 * 256 * 512 * 512 * 3
+    assert shm["free_bytes"] > 0 and shm["enough_for_serve"] == (shm["free_bytes"] >= shm["serve_needs_bytes"])
     if not torch.cuda.is_available():
         assert r["gpus"] == [] and r["warnings"][0] == doctor.NO_GPU_WARNING
         assert "seconds per face" in r["warnings"][0]
