@@ -26,6 +26,8 @@ def serve(
     host: Annotated[str, _opt("--host", panel=NET_PANEL, help="Address to listen on (beyond loopback a token or "
                               "--no-auth is needed).")] = "127.0.0.1",
     port: Annotated[int, _opt("--port", panel=NET_PANEL, help="TCP port.")] = 8000,
+    access_log: Annotated[bool, _opt("--access-log/--no-access-log", panel=NET_PANEL,
+                                     help="Print a line per request.")] = True,
     token: Annotated[str | None, _opt("--token", panel=NET_PANEL, envvar="GPEN_TUNE_TOKEN", show_default=False,
                                       help="Bearer token clients must send (env GPEN_TUNE_TOKEN).")] = None,
     no_auth: Annotated[bool, _opt("--no-auth", panel=NET_PANEL, help="Allow anyone on a non-loopback address.")]
@@ -150,4 +152,4 @@ def serve(
     except user_errors() as e:
         raise failure(e) from None
     out.print(f"optimizations: {origin}", highlight=False, soft_wrap=True)
-    run_server(application, host, port)
+    run_server(application, host, port, access_log=access_log)

@@ -26,8 +26,8 @@ def check_bind(host: str, token: str | None, no_auth: bool) -> None:
                          "clients send as 'Authorization: Bearer <token>', or pass --no-auth to allow anyone")
 
 
-def run_server(app: Any, host: str, port: int, log_level: str = "info") -> None:
-    """Serve until SIGTERM / SIGINT; returns after the drain."""
+def run_server(app: Any, host: str, port: int, log_level: str = "info", access_log: bool = True) -> None:
+    """Serve until SIGTERM / SIGINT; returns after the drain. `access_log`: a line per request (uvicorn's)."""
     import uvicorn  # optional: the serve extra
 
     class DrainingServer(uvicorn.Server):
@@ -42,6 +42,6 @@ def run_server(app: Any, host: str, port: int, log_level: str = "info") -> None:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
                             timeout_graceful_shutdown=DRAIN_TIMEOUT_S)
     DrainingServer(config).run()

@@ -176,6 +176,8 @@ def test_request_processes_give_enhance_pixels_and_share_generator_calls(weights
         after_death = post(url, photos[0], ext="png")
         proc.terminate()
         assert proc.wait(timeout=120) == 0
+        output = proc.stdout.read()
+    assert '"POST /v1/enhance?ext=png HTTP/1.1" 200' in output     # the access log, on by default
     assert job["state"] == "done" and job["faces"] == 1, job
     assert not_ready.status_code == 503 and "request process" in not_ready.json()["error"], not_ready.text
     assert after_death.status_code == 503 and "restart the server" in after_death.json()["error"]
@@ -204,7 +206,8 @@ def test_request_processes_let_go_of_what_timed_out_or_gone_requests_held(tmp_pa
     """A face that waits past the timeout (504) and one whose client hangs up are dropped from the batcher, and
     the request process frees what it held for them: its shared-memory segments are unmapped and removed."""
     args = ["--weights", "synthetic", "--model", MODEL, "--device", "cpu", "--detector", "mtcnn",
-            "--batch-size", "4", "--max-wait-ms", "60000", "--timeout", "4", "--request-processes", "1"]
+            "--batch-size", "4", "--max-wait-ms", "60000", "--timeout", "4", "--request-processes", "1",
+            "--no-access-log"]
     small = next(p for p in photos if p.name == "hopper_small.png")
     with serve_process(args, tmp_path) as (url, proc):
         children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
@@ -220,6 +223,7 @@ def test_request_processes_let_go_of_what_timed_out_or_gone_requests_held(tmp_pa
         _until(lambda: not [p for p in (tmp_path / "spool" / "requests").rglob("*") if p.is_file()])  # its files
         proc.terminate()
         assert proc.wait(timeout=120) == 0
+        assert "POST /v1/enhance" not in proc.stdout.read()    # --no-access-log
 
 
 @pytest.mark.slow
