@@ -203,6 +203,7 @@ def _shared_memory_section(warnings: list[str], has_gpu: bool) -> dict:
     from gpen_tune.serve.limits import (  # doctor imports light
         SHARED_MEMORY_DIR,
         ServeLimits,
+        request_shared_memory_bytes,
         shared_memory_free,
         shared_memory_shortfall,
     )
@@ -212,5 +213,5 @@ def _shared_memory_section(warnings: list[str], has_gpu: bool) -> dict:
     short = None if free is None else shared_memory_shortfall(512, queue, free)
     if short is not None and has_gpu:
         warnings.append(f"{short}: gpen-tune serve runs without request processes here (a container: --shm-size 2g)")
-    return {"dir": SHARED_MEMORY_DIR, "free_bytes": free, "serve_needs_bytes": 2 * queue * 512 * 512 * 3,
+    return {"dir": SHARED_MEMORY_DIR, "free_bytes": free, "serve_needs_bytes": request_shared_memory_bytes(512, queue),
             "enough_for_serve": short is None}

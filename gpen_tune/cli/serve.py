@@ -119,14 +119,14 @@ def serve(
     try:
         dev = resolve_device(device, notice)
         tune, origin = tune_config_from_options(preset, device=dev.type)
+        asked_processes = request_processes
         if request_processes is None:
             request_processes = default_request_processes(dev)
-            if request_processes and (short := shared_memory_shortfall(model_info(model).config.size,
-                                                                       max_queue_faces)):
-                notice(f"{short}: serving without request processes (a container: --shm-size 2g)")
-                request_processes = 0
-        elif request_processes and (short := shared_memory_shortfall(model_info(model).config.size,
-                                                                     max_queue_faces)):
+        short = request_processes and shared_memory_shortfall(model_info(model).config.size, max_queue_faces)
+        if short and asked_processes is None:
+            notice(f"{short}: serving without request processes (a container: --shm-size 2g)")
+            request_processes = 0
+        elif short:
             raise ValueError(f"{short}: give it more (a container: --shm-size 2g), lower --max-queue-faces, or "
                              "pass --request-processes 0")
         if request_processes and (detector_process or detector_processes):

@@ -68,17 +68,23 @@ def shared_memory_free() -> int | None:
     return stat.f_bavail * stat.f_frsize
 
 
+def request_shared_memory_bytes(size: int, queue_faces: int) -> int:
+    """What the request processes may hold in /dev/shm at once: the queued faces (`--max-queue-faces`) and as many
+    again in the generator's batch and in requests being finished, each `size` x `size` x 3 bytes."""
+    return 2 * queue_faces * size * size * 3
+
+
 def shared_memory_shortfall(size: int, queue_faces: int, free: int | None = None) -> str | None:
     """Why /dev/shm cannot carry the request processes' faces, or None when it can (or there is none to check).
 
-    A request's crops and restored faces live in a segment there from `prepare` to `finish`: at most the queued
-    faces (`--max-queue-faces`) and as many again in the generator's batch and in requests being finished, each
-    `size` x `size` x 3 bytes. A segment written beyond what /dev/shm holds kills its process (SIGBUS), so this is
-    checked before the server starts. `free`: the free bytes (None: read from the file system)."""
+    A request's crops and restored faces live in a segment there from `prepare` to `finish`
+    (`request_shared_memory_bytes` in all). A segment written beyond what /dev/shm holds kills its process
+    (SIGBUS), so this is checked before the server starts. `free`: the free bytes (None: read from the file
+    system)."""
     free = shared_memory_free() if free is None else free
     if free is None:
         return None
-    need = 2 * queue_faces * size * size * 3
+    need = request_shared_memory_bytes(size, queue_faces)
     if free >= need:
         return None
     return (f"{SHARED_MEMORY_DIR} has {free / 2**20:.0f} MiB free and request processes need about "

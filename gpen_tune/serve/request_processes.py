@@ -44,7 +44,6 @@ class Handed:
     faces: int
     timings: dict[str, float]
     restored: list[np.ndarray | None] = field(default_factory=list)
-    restored_device: list[Any] = field(default_factory=list)
     finished: bool = False
     stages = None                   # parse masks are made in the request process
     on_device = False               # ... and so is the paste
@@ -208,7 +207,7 @@ class _Child:
     def _handed(self, key: int, name: str | None, n: int, faces: int, timings: dict) -> Handed:
         shm = None if name is None else SharedMemory(name=name)
         crops = [] if shm is None else list(np.ndarray((n, self.size, self.size, 3), np.uint8, buffer=shm.buf))
-        return Handed(self, key, shm, crops, faces, timings, [None] * n, [None] * n)
+        return Handed(self, key, shm, crops, faces, timings, [None] * n)
 
 
 def _settle(future: Future, result: Any = None, error: BaseException | None = None) -> bool:

@@ -166,7 +166,7 @@ class Service:
             await self._wait(self._submit(handed), deadline, disconnected)
             finished = await self.in_thread(self.remote.finish, handed, options.ext)
             body, out_ext, timings = await _within(asyncio.wrap_future(finished), deadline)
-            return Restored(body, out_ext, handed.faces, {**timings, **_only_here(handed, timings)})
+            return Restored(body, out_ext, handed.faces, {**handed.timings, **timings})   # + the restore here
         finally:
             self.remote.release(handed)
 
@@ -363,11 +363,6 @@ def _refusal(error: Exception, path: Path | None, name: str) -> HttpRefusal:
     """A request's file that cannot be used: 400, named as the client named it (not by its `path` here)."""
     text = " ".join(str(error).split())
     return HttpRefusal(400, text if path is None or isinstance(error, RequestError) else text.replace(str(path), name))
-
-
-def _only_here(handed: Any, there: dict[str, float]) -> dict[str, float]:
-    """The timings this process added to a handed request (its restore share)."""
-    return {k: v for k, v in handed.timings.items() if k not in there}
 
 
 async def _within(awaitable: Awaitable[Any], deadline: float) -> Any:
