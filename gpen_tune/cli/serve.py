@@ -50,8 +50,7 @@ def serve(
     generator_calls: Annotated[int | None, _opt("--generator-calls", panel=MODEL_PANEL, metavar="N",
                                                 show_default=False,
                                                 help="Generator calls at once (default: 2 on a 2-core CPU, one per "
-                                                "share of the cores; 1 on a GPU, where 2 submits the next batch "
-                                                "while one computes).")] = None,
+                                                "share of the cores; 1 on a GPU).")] = None,
     detector_process: Annotated[bool | None, _opt("--detector-process/--detector-thread", panel=MODEL_PANEL,
                                                    show_default=False,
                                                    help="Run the face detector in a process of its own (its own "

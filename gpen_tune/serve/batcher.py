@@ -1,12 +1,11 @@
-"""`FaceBatcher`: one queue of faces from every request, and `workers` threads that restore them in shared generator
-calls.
+"""`FaceBatcher`: one queue of faces from every request, and `workers` threads (one on a GPU) that restore them in
+shared generator calls.
 
 A request's faces are queued together (`submit` gives a `Ticket`, done when its last face is restored). A
 worker waits at most `max_wait_s` after the oldest queued face for more to arrive, or until a full batch is
 there, then takes as many as the restorer's bucket policy says (`Steps.take`) and makes one `Steps.restore` call
-for them, whichever requests they come from. With several workers (`Steps.generator_calls`) that many generator
-calls run at once: on the CPU each on its own share of the cores, on a GPU (two at most) one computing while the
-other's faces are uploaded or copied out. A ticket that is cancelled (client gone,
+for them, whichever requests they come from. With several workers (the CPU: `Steps.generator_calls`) that many
+generator calls run at once, each on its own share of the cores. A ticket that is cancelled (client gone,
 timeout) has its queued faces dropped; the queue holds at most `max_queue` faces (`QueueFull` beyond: the HTTP
 layer answers 503).
 """

@@ -13,6 +13,7 @@ these calls.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,7 +36,6 @@ from gpen_tune.restore.buckets import sizes_up_to
 from gpen_tune.tune.hardware import usable_cores
 
 VIDEO_EXTS = VIDEO_OUTPUTS              # what a video job may be written as
-GPU_GENERATOR_CALLS = 2  # batches in the restorer at once on a GPU (its two staging slots)
 STAGES_KEPT = 16         # option combinations whose PipelineSteps are kept (strength is a float: bound the cache)
 
 
@@ -84,37 +84,21 @@ FaceRef = tuple[Prepared, int]           # one face of one request: (its image, 
 
 
 class SharedRestorer:
-    """The one restorer for the batcher's workers and a video job's scheduler at once.
-
-    On a GPU batches are submitted one at a time, in one order, and each caller collects its own: with two callers
-    (`Steps.generator_calls` 2) one batch computes while the other's crops are uploaded or its results copied out.
-    The restorer's pinned staging alternates two slots, so batch n is submitted only once batch n-2 (the slot's
-    previous batch) has been collected. On the CPU the restorer runs each batch inline in the caller's thread with
-    nothing shared between calls but the weights, so calls overlap. Everything else is the restorer's."""
+    """The one restorer for the batcher's workers and a video job's scheduler at once. On a GPU each batch is
+    submitted and collected under a lock, so no caller has a batch pending (in the restorer's staging buffers)
+    while another submits. On the CPU the restorer runs each batch inline in the caller's thread with nothing
+    shared between calls but the weights, so calls overlap (`Steps.generator_calls`). Everything else is the
+    restorer's."""
 
     def __init__(self, restorer: Any):
         self._restorer = restorer
-        self._cpu = restorer.device.type == "cpu"
-        self._turn = threading.Condition()
-        self._submitted = 0                      # batches submitted so far (GPU)
-        self._uncollected: set[int] = set()      # their numbers, until collected
+        cpu = restorer.device.type == "cpu"
+        self._lock: Any = contextlib.nullcontext() if cpu else threading.Lock()
 
     def submit(self, crops: Sequence[Any], download: bool = True) -> Any:
-        """The batch, collected (`result()` is ready)."""
-        if self._cpu:
-            return self._restorer.submit(crops, download=download)
-        with self._turn:
-            number = self._submitted
-            self._turn.wait_for(lambda: min(self._uncollected, default=number) > number - 2)
+        with self._lock:
             batch = self._restorer.submit(crops, download=download)
-            self._submitted += 1
-            self._uncollected.add(number)
-        try:
             batch.result()
-        finally:
-            with self._turn:
-                self._uncollected.discard(number)
-                self._turn.notify_all()
         return batch
 
     def __getattr__(self, name: str) -> Any:
@@ -171,13 +155,13 @@ class Steps:
         time concurrent requests queue at the generator while detection leaves the other core mostly idle; a
         second call fills it (4 clients on 2 cores: 1.27x and 0.96x one at a time with one call, 1.76x and 1.76x
         with two, runs interleaved; benchmarks/RESULTS.md, "Service"). A lone request still runs one call on one
-        share. On a GPU 1 by default, at most 2: the second is submitted while the first computes (the restorer's
-        staging holds two batches; `SharedRestorer`)."""
+        share. On a GPU one: the restorer stages one batch at a time on one stream (larger batches are the GPU's
+        concurrency)."""
         if self.device.type != "cpu":
-            if asked is not None and not 1 <= asked <= GPU_GENERATOR_CALLS:
-                raise ValueError(f"--generator-calls {asked}: on {self.device} give 1 or {GPU_GENERATOR_CALLS} (the "
-                                 f"restorer holds {GPU_GENERATOR_CALLS} batches at once; raise --batch-size for more)")
-            return asked or 1
+            if asked is not None and asked > 1:
+                raise ValueError(f"--generator-calls {asked}: more than one generator call at once runs only on the "
+                                 f"CPU, not on {self.device} (there raise --batch-size instead)")
+            return 1
         if asked is not None:
             if asked < 1:
                 raise ValueError(f"--generator-calls {asked}: give at least 1")
