@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -81,6 +83,10 @@ def serve(
                                                   "each with its own detector, feeding this process's generator "
                                                   "(0: this process's threads). Default: 4 on a GPU of 64 GiB or "
                                                   "more, else 0.")] = None,
+    mps: Annotated[bool, _opt("--mps", panel=LIMIT_PANEL,
+                              help="Start a private NVIDIA MPS daemon for the server's processes, so that the "
+                              "request processes' and the generator's kernels share the GPU at once instead of "
+                              "taking turns (needs nvidia-cuda-mps-control).")] = False,
     spool_quota_mb: Annotated[float, _opt("--spool-quota-mb", panel=LIMIT_PANEL, help="Spool size limit.")]
     = 2048.0,
     job_expiry_h: Annotated[float, _opt("--job-expiry-h", panel=LIMIT_PANEL,
@@ -101,55 +107,86 @@ def serve(
         check_bind(host, token, no_auth)
     except UnsafeBind as e:
         raise failure(e) from None
-    from gpen_tune.model.configs import model_info
-    from gpen_tune.pipeline.conflicts import check_detector_process, serve_detector_process
-    from gpen_tune.pipeline.settings import (  # heavy: torch (fast --help)
-        EnhanceSettings,
-        detection_size,
-        resolve_device,
-    )
-    from gpen_tune.serve.app import create_app  # heavy: torch (fast --help)
-    from gpen_tune.serve.limits import (  # heavy: torch (fast --help)
-        ServeLimits,
-        default_request_processes,
-        shared_memory_shortfall,
-    )
-    from gpen_tune.serve.steps import Steps  # heavy: torch (fast --help)
+    with _mps(mps, device):                                  # before anything here touches CUDA
+        from gpen_tune.model.configs import model_info
+        from gpen_tune.pipeline.conflicts import check_detector_process, serve_detector_process
+        from gpen_tune.pipeline.settings import (  # heavy: torch (fast --help)
+            EnhanceSettings,
+            detection_size,
+            resolve_device,
+        )
+        from gpen_tune.serve.app import create_app  # heavy: torch (fast --help)
+        from gpen_tune.serve.limits import (  # heavy: torch (fast --help)
+            ServeLimits,
+            default_request_processes,
+            shared_memory_shortfall,
+        )
+        from gpen_tune.serve.mps import mps_hint
+        from gpen_tune.serve.steps import Steps  # heavy: torch (fast --help)
 
+        try:
+            dev = resolve_device(device, notice)
+            if mps and dev.type != "cuda":
+                raise ValueError(f"--mps needs a CUDA GPU; the server would run on {dev}")
+            tune, origin = tune_config_from_options(preset, device=dev.type)
+            asked_processes = request_processes
+            if request_processes is None:
+                request_processes = default_request_processes(dev)
+            short = request_processes and shared_memory_shortfall(model_info(model).config.size, max_queue_faces)
+            if short and asked_processes is None:
+                notice(f"{short}: serving without request processes (a container: --shm-size 2g)")
+                request_processes = 0
+            elif short:
+                raise ValueError(f"{short}: give it more (a container: --shm-size 2g), lower --max-queue-faces, or "
+                                 "pass --request-processes 0")
+            if request_processes and dev.type == "cuda" and not mps and (hint := mps_hint(request_processes)):
+                notice(hint)
+            if request_processes and (detector_process or detector_processes):
+                notice(f"each of the {request_processes} request processes detects its requests' faces: the "
+                       "server's own detector (--detector-process / --detector-processes) serves only the jobs")
+            detector_process = serve_detector_process(detector_process, dev.type, tune.lazy_detector,
+                                                      detector_processes, request_processes)
+            settings = EnhanceSettings(model=model, weights=weights, device=str(dev), detector=detector,
+                                       det_size=detection_size(None, tune.face_crop),
+                                       parse_mask=parse_mask, parse_weights=parse_weights, batch_size=batch_size,
+                                       detector_process=detector_process,
+                                       detector_processes=1 if detector_processes is None else detector_processes)
+            check_detector_process(detector_process, tune.lazy_detector)
+            limits = ServeLimits(max_upload_bytes=int(max_upload_mb * 2**20), max_pixels=int(max_megapixels * 1e6),
+                                 max_queue_faces=max_queue_faces, request_timeout_s=timeout, max_wait_ms=max_wait_ms,
+                                 generator_calls=generator_calls, request_threads=request_threads,
+                                 request_processes=request_processes,
+                                 spool_quota_bytes=int(spool_quota_mb * 2**20),
+                                 job_expiry_s=job_expiry_h * 3600)
+            steps = Steps.build(settings, tune, notice)          # a missing file fails here, before listening
+            steps.generator_calls(generator_calls)               # --generator-calls checked before listening
+            application = create_app(spool=spool, limits=limits, token=token, notify=notice, steps=lambda: steps)
+        except user_errors() as e:
+            raise failure(e) from None
+        out.print(f"optimizations: {origin}", highlight=False, soft_wrap=True)
+        run_server(application, host, port, access_log=access_log)
+
+
+@contextlib.contextmanager
+def _mps(asked: bool, device: str) -> Iterator[None]:
+    """The private MPS daemon `--mps` asks for, around the server (none: not asked, or one already serves us)."""
+    if not asked:
+        yield
+        return
+    from gpen_tune.serve.mps import MpsError, PrivateMps, running_daemon
+
+    if not device.startswith(("auto", "cuda")):
+        raise fail(f"--mps puts the server's CUDA processes under MPS: it needs --device auto or cuda, not {device}")
+    running = running_daemon()
+    if running is not None:
+        notice(f"an MPS daemon ({running}) already serves this process: --mps starts none")
+        yield
+        return
     try:
-        dev = resolve_device(device, notice)
-        tune, origin = tune_config_from_options(preset, device=dev.type)
-        asked_processes = request_processes
-        if request_processes is None:
-            request_processes = default_request_processes(dev)
-        short = request_processes and shared_memory_shortfall(model_info(model).config.size, max_queue_faces)
-        if short and asked_processes is None:
-            notice(f"{short}: serving without request processes (a container: --shm-size 2g)")
-            request_processes = 0
-        elif short:
-            raise ValueError(f"{short}: give it more (a container: --shm-size 2g), lower --max-queue-faces, or "
-                             "pass --request-processes 0")
-        if request_processes and (detector_process or detector_processes):
-            notice(f"each of the {request_processes} request processes detects its requests' faces: the "
-                   "server's own detector (--detector-process / --detector-processes) serves only the jobs")
-        detector_process = serve_detector_process(detector_process, dev.type, tune.lazy_detector,
-                                                  detector_processes, request_processes)
-        settings = EnhanceSettings(model=model, weights=weights, device=str(dev), detector=detector,
-                                   det_size=detection_size(None, tune.face_crop),
-                                   parse_mask=parse_mask, parse_weights=parse_weights, batch_size=batch_size,
-                                   detector_process=detector_process,
-                                   detector_processes=1 if detector_processes is None else detector_processes)
-        check_detector_process(detector_process, tune.lazy_detector)
-        limits = ServeLimits(max_upload_bytes=int(max_upload_mb * 2**20), max_pixels=int(max_megapixels * 1e6),
-                             max_queue_faces=max_queue_faces, request_timeout_s=timeout, max_wait_ms=max_wait_ms,
-                             generator_calls=generator_calls, request_threads=request_threads,
-                             request_processes=request_processes,
-                             spool_quota_bytes=int(spool_quota_mb * 2**20),
-                             job_expiry_s=job_expiry_h * 3600)
-        steps = Steps.build(settings, tune, notice)          # a missing file fails here, before listening
-        steps.generator_calls(generator_calls)               # --generator-calls checked before listening
-        application = create_app(spool=spool, limits=limits, token=token, notify=notice, steps=lambda: steps)
-    except user_errors() as e:
+        daemon = PrivateMps.start()
+    except MpsError as e:
         raise failure(e) from None
-    out.print(f"optimizations: {origin}", highlight=False, soft_wrap=True)
-    run_server(application, host, port, access_log=access_log)
+    try:
+        yield
+    finally:
+        daemon.stop()
