@@ -62,7 +62,7 @@ def test_help_lists_the_options():
     for flag in ("--host", "--port", "--token", "--no-auth", "--weights", "--preset", "--spool", "--max-upload-mb",
                  "--max-megapixels", "--max-queue-faces", "--timeout", "--max-wait-ms", "--generator-calls",
                  "--detector-process", "--detector-thread", "--detector-processes", "--request-threads",
-                 "--request-processes", "--access-log", "--no-access-log"):
+                 "--request-processes", "--access-log", "--no-access-log", "--mps"):
         assert flag in res.output
 
 
