@@ -26,6 +26,7 @@
 #   serve-request-processes the 64 clients against the server as started (4 request processes on a GPU of 64 GiB
 #                   or more), each between runs with none (one detector process), A/B/A/B; then the default at
 #                   strength 0 (no generator call: the ceiling of what surrounds it)
+#   serve-mps      the 64 clients against the server as started, then with --mps (a private MPS daemon), A/B/A/B
 #   enhance-detectors the folder and long video commands with --detector-processes 2 against the default, interleaved
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -89,6 +90,12 @@ case "$PART" in
                  done ;;
   serve-request-processes) for extra in "--server-args=--request-processes=0" "--tag=default" \
                         "--server-args=--request-processes=0" "--tag=default" "--strength=0 --tag=strength0"; do
+                   run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
+                     --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
+                     --batch-size 64 --max-wait-ms 5 --out "$DEST" $extra
+                 done ;;
+  serve-mps)     for extra in "--tag=default" "--server-args=--mps --tag=mps" "--tag=default" \
+                        "--server-args=--mps --tag=mps"; do
                    run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
                      --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
                      --batch-size 64 --max-wait-ms 5 --out "$DEST" $extra

@@ -47,7 +47,7 @@ NOT_USED = {
                "and drags in training-only packages",
 }
 KEYS = ("python", "gpen_tune", "torch", "cuda", "gpus", "mps", "compile", "optional", "not_used", "cache",
-        "shared_memory", "warnings")
+        "shared_memory", "cuda_mps", "warnings")
 
 
 def diagnose(check_imports: bool = False) -> dict:
@@ -70,6 +70,7 @@ def diagnose(check_imports: bool = False) -> dict:
                           for name, reason in NOT_USED.items()}
     report["cache"] = _cache_section(warnings)
     report["shared_memory"] = _shared_memory_section(warnings, bool(report["gpus"]))
+    report["cuda_mps"] = _cuda_mps_section()
     if not report["gpus"]:
         warnings.insert(0, NO_GPU_WARNING)
     report["warnings"] = warnings
@@ -215,3 +216,13 @@ def _shared_memory_section(warnings: list[str], has_gpu: bool) -> dict:
         warnings.append(f"{short}: gpen-tune serve runs without request processes here (a container: --shm-size 2g)")
     return {"dir": SHARED_MEMORY_DIR, "free_bytes": free, "serve_needs_bytes": request_shared_memory_bytes(512, queue),
             "enough_for_serve": short is None}
+
+
+def _cuda_mps_section() -> dict:
+    """NVIDIA MPS for `gpen-tune serve --mps`: its control program, and a daemon this process would already use."""
+    import shutil
+
+    from gpen_tune.serve.mps import CONTROL, running_daemon  # doctor imports light
+
+    daemon = running_daemon()
+    return {"control": shutil.which(CONTROL), "daemon": None if daemon is None else str(daemon)}

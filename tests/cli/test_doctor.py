@@ -29,6 +29,7 @@ def test_report_has_the_documented_keys(home):
     shm = r["shared_memory"]                             # what serve's request processes pass faces through
     assert shm["dir"] == "/dev/shm" and shm["serve_needs_bytes"] == 2 * 256 * 512 * 512 * 3
     assert shm["free_bytes"] > 0 and shm["enough_for_serve"] == (shm["free_bytes"] >= shm["serve_needs_bytes"])
+    assert set(r["cuda_mps"]) == {"control", "daemon"}      # what `serve --mps` needs, and a daemon already there
     if not torch.cuda.is_available():
         assert r["gpus"] == [] and r["warnings"][0] == doctor.NO_GPU_WARNING
         assert "seconds per face" in r["warnings"][0]
