@@ -27,6 +27,8 @@
 #                   or more), each between runs with none (one detector process), A/B/A/B; then the default at
 #                   strength 0 (no generator call: the ceiling of what surrounds it)
 #   serve-mps      the 64 clients against the server as started, then with --mps (a private MPS daemon), A/B/A/B
+#   serve-shared-detector the 64 clients against the server as started, then with --shared-detector (one detector
+#                  process for the request processes), A/B/A/B; then --mps with and without it
 #   enhance-detectors the folder and long video commands with --detector-processes 2 against the default, interleaved
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -96,6 +98,13 @@ case "$PART" in
                  done ;;
   serve-mps)     for extra in "--tag=default" "--server-args=--mps --tag=mps" "--tag=default" \
                         "--server-args=--mps --tag=mps"; do
+                   run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
+                     --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
+                     --batch-size 64 --max-wait-ms 5 --out "$DEST" $extra
+                 done ;;
+  serve-shared-detector) for extra in "--tag=default" "--server-args=--shared-detector --tag=shared" "--tag=default" \
+                        "--server-args=--shared-detector --tag=shared" "--server-args=--mps --tag=mps" \
+                        "--server-args=--shared-detector --mps --tag=shared-mps"; do
                    run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
                      --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
                      --batch-size 64 --max-wait-ms 5 --out "$DEST" $extra

@@ -83,6 +83,9 @@ def serve(
                                                   "each with its own detector, feeding this process's generator "
                                                   "(0: this process's threads). Default: 4 on a GPU of 64 GiB or "
                                                   "more, else 0.")] = None,
+    shared_detector: Annotated[bool, _opt("--shared-detector", panel=LIMIT_PANEL,
+                                          help="One detector process detects for all request processes, their "
+                                          "images batched together, instead of a detector in each.")] = False,
     mps: Annotated[bool, _opt("--mps", panel=LIMIT_PANEL,
                               help="Start a private NVIDIA MPS daemon for the server's processes, so that the "
                               "request processes' and the generator's kernels share the GPU at once instead of "
@@ -155,7 +158,7 @@ def serve(
             limits = ServeLimits(max_upload_bytes=int(max_upload_mb * 2**20), max_pixels=int(max_megapixels * 1e6),
                                  max_queue_faces=max_queue_faces, request_timeout_s=timeout, max_wait_ms=max_wait_ms,
                                  generator_calls=generator_calls, request_threads=request_threads,
-                                 request_processes=request_processes,
+                                 request_processes=request_processes, shared_detector=shared_detector,
                                  spool_quota_bytes=int(spool_quota_mb * 2**20),
                                  job_expiry_s=job_expiry_h * 3600)
             steps = Steps.build(settings, tune, notice)          # a missing file fails here, before listening

@@ -30,6 +30,7 @@ class ServeLimits:
     request_threads: int = 40               # threads running requests' steps (a request holds one while detecting)
     request_processes: int = 0              # processes running requests' steps beside the generator's (0: none;
                                             # `gpen-tune serve` asks `default_request_processes`)
+    shared_detector: bool = False           # with request processes: one detector process for all of them
     spool_quota_bytes: int = 2 * 2**30      # 507 for a new job above it
     job_expiry_s: float = 24 * 3600.0       # finished jobs (and their files) are removed after this
 
@@ -38,6 +39,10 @@ class ServeLimits:
             raise ValueError(f"--request-threads {self.request_threads}: use 1 or more")
         if self.request_processes < 0:
             raise ValueError(f"--request-processes {self.request_processes}: use 0 (this process's threads) or more")
+        if self.shared_detector and not self.request_processes:
+            raise ValueError("--shared-detector detects for the request processes: it needs --request-processes N "
+                             "(N >= 1); without them the server's own detector is already shared "
+                             "(--detector-process)")
 
 
 # `serve --request-processes` on a GPU: 4 served 239.0 / 237.6 faces/s (p99 0.48 / 0.54 s) against 191.2 / 176.2

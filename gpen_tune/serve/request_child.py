@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from gpen_tune.child_process import detach, pickled
+from gpen_tune.face.detect.process import ProcessDetector
 from gpen_tune.imageio import ImageReadError
 from gpen_tune.pipeline.api import Pipeline
 from gpen_tune.pipeline.settings import EnhanceSettings
@@ -55,11 +56,14 @@ class RequestSpec:
         return cls(settings, pipe.tune, str(steps.device), pipe.size, threads,
                    steps.cpu_threads() if cpu else None, str(work_dir))
 
-    def build(self) -> Steps:
-        """The service's steps without a generator: the detector, the parser and the paste of the server's
-        settings, warmed by one detection."""
+    def build(self, detector_conn: Any = None) -> Steps:
+        """The service's steps without a generator: the detector (with `detector_conn`, the server's shared
+        detector process over that pipe), the parser and the paste of the server's settings, warmed by one
+        detection."""
+        detector = None if detector_conn is None else ProcessDetector.attached(detector_conn)
         pipe = Pipeline(self.settings, self.tune, restorer=_CropShape(torch.device(self.device), self.size),
-                        cut_on_device=False, warm_detector=False, notify=lambda _: None)   # the server said it
+                        detector=detector, cut_on_device=False, warm_detector=False,
+                        notify=lambda _: None)                            # the server said it
         steps = Steps(pipe)
         _ = pipe.parser                                   # a missing ParseNet file fails here, before ready
         steps.warm_up_detector()
@@ -76,13 +80,14 @@ class _CropShape:
         self.device, self.size = device, size
 
 
-def serve_requests(spec: RequestSpec, conn: Any) -> None:
-    """Build the steps, say ready, then work on what the server sends until it says close or goes away."""
+def serve_requests(spec: RequestSpec, conn: Any, detector_conn: Any = None) -> None:
+    """Build the steps, say ready, then work on what the server sends until it says close or goes away.
+    `detector_conn`: a pipe to the server's shared detector process (`--shared-detector`), else a detector here."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)         # Ctrl-C is the server's to handle; it closes us
     try:
         if spec.torch_threads:
             torch.set_num_threads(spec.torch_threads)
-        steps = spec.build()
+        steps = spec.build(detector_conn)
     except BaseException as exc:  # noqa: BLE001 - every start failure goes back to the server
         conn.send(("error", 0, pickled(exc)))
         return

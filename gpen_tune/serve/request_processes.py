@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from gpen_tune.child_process import detach, rebuilt
+from gpen_tune.face.detect.host import DetectorHost
+from gpen_tune.face.detect.process import DetectorSpec
 from gpen_tune.serve.request_child import RequestSpec, serve_requests
 from gpen_tune.serve.steps import RequestOptions
 
@@ -53,12 +55,19 @@ class Handed:
 
 
 class RequestProcesses:
-    def __init__(self, spec: RequestSpec, processes: int):
+    """`processes` request processes; with `detector` one detector process (a `DetectorHost`) detects for all of
+    them, their images batched together, else each has a detector of its own."""
+
+    def __init__(self, spec: RequestSpec, processes: int, detector: DetectorSpec | None = None):
         if processes < 1:
             raise ValueError(f"--request-processes {processes}: use 1 or more (0 works in the server's threads)")
         ctx = mp.get_context("spawn")
         self.size = spec.size
-        self._children = [_Child(ctx, spec, i) for i in range(processes)]      # started side by side
+        self.host = None if detector is None else DetectorHost(detector, processes)
+        conns = [None] * processes if self.host is None else self.host.client_conns
+        self._children = [_Child(ctx, spec, i, conn) for i, conn in enumerate(conns)]   # started side by side
+        if self.host is not None:
+            self.host.release_client_ends()
         self._keys = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -72,10 +81,12 @@ class RequestProcesses:
         return [c.process for c in self._children]
 
     def exited(self) -> str | None:
-        """Why the service cannot go on (a request process exited), or None."""
+        """Why the service cannot go on (a request process or the shared detector exited), or None."""
         for i, child in enumerate(self._children):
             if child.dead:
                 return f"request process {i} exited (code {child.process.exitcode}): restart the server"
+        if self.host is not None and self.host.process.exitcode is not None:
+            return f"the shared detector process exited (code {self.host.process.exitcode}): restart the server"
         return None
 
     # -- a request's two calls ----------------------------------------------------------------------------------
@@ -129,14 +140,16 @@ class RequestProcesses:
                 child.process.terminate()
                 child.process.join(5.0)
             child.conn.close()
+        if self.host is not None:                          # it exits once every request process has gone
+            self.host.close()
 
 
 class _Child:
     """One request process: its pipe, the futures of its requests by key, and the thread that reads its answers."""
 
-    def __init__(self, ctx: Any, spec: RequestSpec, index: int):
+    def __init__(self, ctx: Any, spec: RequestSpec, index: int, detector_conn: Any = None):
         self.conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(target=serve_requests, args=(spec, child_conn), daemon=True,
+        self.process = ctx.Process(target=serve_requests, args=(spec, child_conn, detector_conn), daemon=True,
                                    name=f"gpen-request-process-{index}")
         self.process.start()
         child_conn.close()               # only the child holds its end: its death reads as EOF here

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from gpen_tune.face.detect.process import DetectorSpec
 from gpen_tune.imageio import ImageReadError
 from gpen_tune.pipeline.api import Pipeline
 from gpen_tune.pipeline.job import ImageJob
@@ -301,6 +302,10 @@ class Steps:
         return result.output, result.faces
 
     # -- helpers -------------------------------------------------------------------------------------------------
+    def detector_spec(self) -> Any:
+        """What a detector process needs to build this service's detector (`--shared-detector`)."""
+        return DetectorSpec.of(self.detector())
+
     def detector(self) -> Any:
         """The detector service every request shares: a batching thread, or with `detector_process` a process of
         its own (its own GIL: under many concurrent requests the detector thread waited on the GIL)."""

@@ -93,18 +93,17 @@ class DetectorSpec:
                              det_size=self.det_size)
 
 
-class _Child:
-    """One detector process: its pipe, its shared-memory segment, and the parent thread that feeds it batches."""
+class _Link:
+    """One connection to a detector process: its pipe, the shared-memory segment its batches go through, and the
+    thread here that feeds it (a `DetectorHost`'s clients hold one each)."""
 
-    def __init__(self, ctx: Any, spec: DetectorSpec, index: int):
-        self.conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(target=_child_main, args=(spec, child_conn), daemon=True,
-                                   name="gpen-detect-process" if index == 0 else f"gpen-detect-process-{index}")
-        self.process.start()
-        child_conn.close()               # only the child holds its end: its death reads as EOF here
+    process: Any = None
+
+    def __init__(self, conn: Any, name: str):
+        self.conn, self.name = conn, name
         self.shm: SharedMemory | None = None
         self.thread: threading.Thread | None = None
-        self.calls = 0                   # batches this child detected
+        self.calls = 0                   # batches this link's process detected
 
     def wait_ready(self, timeout_s: float) -> dict:
         try:
@@ -112,9 +111,7 @@ class _Child:
                 raise DetectorProcessError(f"the detector process did not start within {timeout_s:.0f} s")
             kind, payload = self.conn.recv()
         except (EOFError, OSError):
-            self.process.join(1.0)
-            raise DetectorProcessError(f"the detector process exited (code {self.process.exitcode}) before it was "
-                                       "ready") from None
+            raise DetectorProcessError(f"the detector process exited{self._exit()} before it was ready") from None
         if kind == "error":
             raise _exception(payload)
         return payload
@@ -141,6 +138,32 @@ class _Child:
             with contextlib.suppress(FileNotFoundError):
                 self.shm.unlink()
             self.shm = None
+
+    def lost(self) -> DetectorProcessError:
+        """What callers are told once the process is gone."""
+        return DetectorProcessError(f"the detector process died{self._exit()}")
+
+    def _exit(self) -> str:
+        return ""
+
+    def stop(self) -> None:
+        self.conn.close()
+
+
+class _Child(_Link):
+    """One detector process this process started, and its link."""
+
+    def __init__(self, ctx: Any, spec: DetectorSpec, index: int):
+        conn, child_conn = ctx.Pipe()
+        name = "gpen-detect-process" if index == 0 else f"gpen-detect-process-{index}"
+        super().__init__(conn, name)
+        self.process = ctx.Process(target=_child_main, args=(spec, child_conn), daemon=True, name=name)
+        self.process.start()
+        child_conn.close()               # only the child holds its end: its death reads as EOF here
+
+    def _exit(self) -> str:
+        self.process.join(1.0)
+        return f" (exit code {self.process.exitcode})"
 
     def stop(self) -> None:
         """Wait for the child to exit, then terminate it, then kill it."""
@@ -173,15 +196,31 @@ class ProcessDetector:
         self.shrink_in_caller = shrink_in_caller
         self._max_images = max_images
         ctx = mp.get_context("spawn")
-        self._children = [_Child(ctx, spec, i) for i in range(processes)]    # started side by side
+        children = [_Child(ctx, spec, i) for i in range(processes)]    # started side by side
         try:
-            ready = [child.wait_ready(start_timeout_s) for child in self._children][0]
+            ready = [child.wait_ready(start_timeout_s) for child in children][0]
         except BaseException:
-            for child in self._children:
+            for child in children:
                 with contextlib.suppress(OSError):
                     child.conn.send(("close",))
                 child.stop()
             raise
+        self._start(children, ready)
+
+    @classmethod
+    def attached(cls, conn: Any, max_images: int = MAX_IMAGES,
+                 start_timeout_s: float = START_TIMEOUT_S) -> ProcessDetector:
+        """The detector of a process another process started (a `DetectorHost`, serving several processes at once),
+        reached over `conn`; waits until it is ready."""
+        link = _Link(conn, "gpen-detect-host")
+        ready = link.wait_ready(start_timeout_s)
+        self = cls.__new__(cls)
+        self.spec, self.shrink_in_caller, self._max_images = None, True, max_images
+        self._start([link], ready)
+        return self
+
+    def _start(self, links: list[_Link], ready: dict) -> None:
+        self._children = links
         self.name, self.threshold, self.det_size = ready["name"], ready["threshold"], ready["det_size"]
         self.device = torch.device(ready["device"])
         self._queue: queue.Queue[DetectRequest | None] = queue.Queue()
@@ -192,10 +231,10 @@ class ProcessDetector:
         self.images = 0
         self.largest = 0
         self.sizes: Counter[int] = Counter()   # detector calls by their number of images
-        for i, child in enumerate(self._children):
-            child.thread = threading.Thread(target=self._serve, args=(child,), daemon=True,
-                                            name="gpen-detect-process-io" + (f"-{i}" if i else ""))
-            child.thread.start()
+        for i, link in enumerate(links):
+            link.thread = threading.Thread(target=self._serve, args=(link,), daemon=True,
+                                           name="gpen-detect-process-io" + (f"-{i}" if i else ""))
+            link.thread.start()
 
     # -- callers ------------------------------------------------------------------------------------------------
     def detect(self, images: Sequence[np.ndarray]) -> list[list[Detection]]:
@@ -218,7 +257,7 @@ class ProcessDetector:
         return [_unpack(p) for p in req.result]
 
     # -- server threads (one per child) -------------------------------------------------------------------------
-    def _serve(self, child: _Child) -> None:
+    def _serve(self, child: _Link) -> None:
         while True:
             batch = take_batch(self._queue, self._max_images)
             if batch is None:
@@ -228,7 +267,7 @@ class ProcessDetector:
             else:
                 self._run(child, batch)
 
-    def _run(self, child: _Child, batch: list[DetectRequest]) -> None:
+    def _run(self, child: _Link, batch: list[DetectRequest]) -> None:
         images = [im for r in batch for im in r.images]
         try:
             layout = child.pack(images)
@@ -243,8 +282,7 @@ class ProcessDetector:
             child.conn.send(("detect", child.shm.name, layout, [len(r.images) for r in batch]))
             replies = child.conn.recv()
         except (EOFError, OSError):
-            child.process.join(1.0)
-            self._dead = DetectorProcessError(f"the detector process died (exit code {child.process.exitcode})")
+            self._dead = child.lost()
             _finish(batch, error=self._dead)
             return
         child.calls += 1
@@ -298,7 +336,7 @@ class ProcessDetector:
             child.free_segment()
 
     def __repr__(self) -> str:
-        pids = ", ".join(str(c.process.pid) for c in self._children)
+        pids = ", ".join(str(c.process.pid) for c in self._children if c.process is not None)
         return f"ProcessDetector(name={self.name!r}, device={str(self.device)!r}, pids=[{pids}])"
 
 
@@ -358,7 +396,7 @@ def _child_main(spec: DetectorSpec, conn: Any) -> None:
             if shm is None or shm.name != name:         # the parent grew the segment
                 detach(shm)
                 shm = SharedMemory(name=name)
-            conn.send(_detect_requests(detector, shm, layout, counts))
+            conn.send(detect_requests(detector, views(shm, layout), counts))
     finally:
         detach(shm)
         close = getattr(detector, "close", None)
@@ -366,10 +404,14 @@ def _child_main(spec: DetectorSpec, conn: Any) -> None:
             close()
 
 
-def _detect_requests(detector: Any, shm: SharedMemory, layout: list, counts: list[int]) -> list:
-    """("ok", packed detections per image) or ("error", pickled exception) per request; a failing batch is
-    retried request by request so that only the bad request fails."""
-    images = [np.ndarray(shape, np.uint8, buffer=shm.buf, offset=offset) for offset, shape in layout]
+def views(shm: SharedMemory, layout: list) -> list[np.ndarray]:
+    """The images a batch's layout places in the segment."""
+    return [np.ndarray(shape, np.uint8, buffer=shm.buf, offset=offset) for offset, shape in layout]
+
+
+def detect_requests(detector: Any, images: list[np.ndarray], counts: list[int]) -> list:
+    """("ok", packed detections per image) or ("error", pickled exception) per request (`counts`: its images,
+    in order); a failing batch is retried request by request so that only the bad request fails."""
     try:
         found = detector.detect(images)
     except Exception as exc:  # noqa: BLE001 - goes back to its caller(s)
