@@ -91,7 +91,7 @@ class Service:
                 torch.set_num_threads(steps.cpu_threads())    # detection and the generator run at once
             workers = steps.generator_calls(self.limits.generator_calls)
             if self.limits.request_processes:                 # they start while the generator warms up
-                shared = steps.detector_spec() if self.limits.shared_detector else None
+                shared = steps.detector_spec(self.limits.request_processes) if self.limits.shared_detector else None
                 self.remote = RequestProcesses(RequestSpec.of(steps, self.limits.request_threads, self.work_dir),
                                                self.limits.request_processes, detector=shared)
             steps.warm_up(detector=self.remote is None)

@@ -302,9 +302,13 @@ class Steps:
         return result.output, result.faces
 
     # -- helpers -------------------------------------------------------------------------------------------------
-    def detector_spec(self) -> Any:
-        """What a detector process needs to build this service's detector (`--shared-detector`)."""
-        return DetectorSpec.of(self.detector())
+    def detector_spec(self, shares: int = 1) -> DetectorSpec:
+        """What a detector process needs to build this service's detector (`--shared-detector`); on the CPU with
+        the torch threads of `shares` detectors (the request processes' it replaces)."""
+        spec = DetectorSpec.of(self.detector())
+        if self.device.type != "cpu" or not spec.torch_threads:
+            return spec
+        return replace(spec, torch_threads=min(usable_cores(), spec.torch_threads * shares))
 
     def detector(self) -> Any:
         """The detector service every request shares: a batching thread, or with `detector_process` a process of
