@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 from test_serve_cli import invoke
 
 from gpen_tune.serve import mps
@@ -85,6 +86,7 @@ def test_serve_mps_on_the_cpu_is_one_line_naming_the_flag():
     assert res.exit_code == 1 and len(errors) == 1 and "--mps" in errors[0] and "cpu" in errors[0], res.output
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU (the server must refuse)")
 def test_a_server_that_cannot_start_stops_the_daemon_it_started(tmp_path, monkeypatch):
     calls = _stand_in(tmp_path, monkeypatch)
     res = invoke(["--weights", "synthetic", "--device", "auto", "--mps"])      # this machine has no CUDA GPU
