@@ -220,9 +220,7 @@ def _shared_memory_section(warnings: list[str], has_gpu: bool) -> dict:
 
 def _cuda_mps_section() -> dict:
     """NVIDIA MPS for `gpen-tune serve --mps`: its control program, and a daemon this process would already use."""
-    import shutil
-
-    from gpen_tune.serve.mps import CONTROL, running_daemon  # doctor imports light
+    from gpen_tune.serve.mps import control_program, running_daemon  # doctor imports light
 
     daemon = running_daemon()
-    return {"control": shutil.which(CONTROL), "daemon": None if daemon is None else str(daemon)}
+    return {"control": control_program(), "daemon": None if daemon is None else str(daemon)}

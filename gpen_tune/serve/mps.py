@@ -38,9 +38,14 @@ def running_daemon() -> Path | None:
     return pipe if (pipe / "control").exists() else None
 
 
+def control_program() -> str | None:
+    """The path of `nvidia-cuda-mps-control`, if on PATH."""
+    return shutil.which(CONTROL)
+
+
 def mps_hint(processes: int) -> str:
     """What a user serving from several processes without MPS is told (empty where MPS is on or unavailable)."""
-    if running_daemon() is not None or shutil.which(CONTROL) is None:
+    if running_daemon() is not None or control_program() is None:
         return ""
     return (f"the {processes} request processes and the generator take turns on the GPU: --mps lets their kernels "
             "run at once")
@@ -59,7 +64,7 @@ class PrivateMps:
 
     @classmethod
     def start(cls) -> PrivateMps:
-        control = shutil.which(CONTROL)
+        control = control_program()
         if control is None:
             raise MpsError(f"--mps: {CONTROL} is not on PATH (it ships with the NVIDIA driver; in a container it "
                            "comes with NVIDIA_DRIVER_CAPABILITIES=compute,utility): install it or leave out --mps")

@@ -24,10 +24,16 @@ from multiprocessing.connection import wait
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any
 
-import torch
-
 from gpen_tune.child_process import detach, pickled
-from gpen_tune.face.detect.process import STOP_TIMEOUT_S, DetectorSpec, detect_requests, views
+from gpen_tune.face.detect.process import (
+    STOP_TIMEOUT_S,
+    DetectorSpec,
+    close_detector,
+    detect_requests,
+    ready_info,
+    start_detector,
+    views,
+)
 
 
 class DetectorHost:
@@ -62,19 +68,13 @@ def _host_main(spec: DetectorSpec, conns: list[Any]) -> None:
     """Build the detector, say ready on every pipe, then detect each round's batches until no client is left."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the server's to handle; its clients close us
     try:
-        if spec.torch_threads:
-            torch.set_num_threads(spec.torch_threads)
-        detector = spec.build()
-        capture = getattr(detector, "capture_graphs", None)
-        if capture is not None:
-            capture()
+        detector = start_detector(spec)
     except BaseException as exc:  # noqa: BLE001 - every start failure goes back to every client
         for conn in conns:
             with contextlib.suppress(OSError):
                 conn.send(("error", pickled(exc)))
         return
-    info = {"name": detector.name, "device": str(detector.device), "threshold": detector.threshold,
-            "det_size": detector.det_size}
+    info = ready_info(detector)
     segments: dict[Any, SharedMemory] = {}
     live = []
     for conn in conns:
@@ -104,9 +104,7 @@ def _host_main(spec: DetectorSpec, conns: list[Any]) -> None:
     finally:
         for shm in segments.values():
             detach(shm)
-        close = getattr(detector, "close", None)
-        if callable(close):
-            close()
+        close_detector(detector)
 
 
 def _answer(detector: Any, round_: list[tuple[Any, list, list[int]]]) -> None:

@@ -372,17 +372,11 @@ def _child_main(spec: DetectorSpec, conn: Any) -> None:
     """Build the detector, then serve batches until the parent says close or goes away (EOF on the pipe)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the parent's to handle; it closes us
     try:
-        if spec.torch_threads:
-            torch.set_num_threads(spec.torch_threads)
-        detector = spec.build()
-        capture = getattr(detector, "capture_graphs", None)
-        if capture is not None:
-            capture()                               # MTCNN's P-Net graphs now, not inside the first batches
+        detector = start_detector(spec)
     except BaseException as exc:  # noqa: BLE001 - every start failure goes back to the parent
         conn.send(("error", pickled(exc)))
         return
-    conn.send(("ready", {"name": detector.name, "device": str(detector.device), "threshold": detector.threshold,
-                         "det_size": detector.det_size}))
+    conn.send(("ready", ready_info(detector)))
     shm: SharedMemory | None = None
     try:
         while True:
@@ -399,9 +393,31 @@ def _child_main(spec: DetectorSpec, conn: Any) -> None:
             conn.send(detect_requests(detector, views(shm, layout), counts))
     finally:
         detach(shm)
-        close = getattr(detector, "close", None)
-        if callable(close):
-            close()
+        close_detector(detector)
+
+
+def start_detector(spec: DetectorSpec) -> Any:
+    """In a detector process: torch's threads, the backend, and MTCNN's P-Net graphs now (not inside the first
+    batches)."""
+    if spec.torch_threads:
+        torch.set_num_threads(spec.torch_threads)
+    detector = spec.build()
+    capture = getattr(detector, "capture_graphs", None)
+    if capture is not None:
+        capture()
+    return detector
+
+
+def ready_info(detector: Any) -> dict:
+    """What a detector process tells its callers once ready (`ProcessDetector` keeps it as its attributes)."""
+    return {"name": detector.name, "device": str(detector.device), "threshold": detector.threshold,
+            "det_size": detector.det_size}
+
+
+def close_detector(detector: Any) -> None:
+    close = getattr(detector, "close", None)
+    if callable(close):
+        close()
 
 
 def views(shm: SharedMemory, layout: list) -> list[np.ndarray]:
