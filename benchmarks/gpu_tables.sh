@@ -29,6 +29,9 @@
 #   serve-mps      the 64 clients against the server as started, then with --mps (a private MPS daemon), A/B/A/B
 #   serve-shared-detector the 64 clients against the server as started, then with --shared-detector (one detector
 #                  process for the request processes), A/B/A/B; then --mps with and without it
+#   serve-ab       the 64 clients under --mps against the checkout in $BASE (e.g. `git worktree add /tmp/base REV`)
+#                  and this one, A/B/A/B: an A/B of a change to the server
+#   serve-shared-detector-mps the 64 clients under --mps with and without --shared-detector, B/A/B
 #   enhance-detectors the folder and long video commands with --detector-processes 2 against the default, interleaved
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -102,12 +105,24 @@ case "$PART" in
                      --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
                      --batch-size 64 --max-wait-ms 5 --out "$DEST" $extra
                  done ;;
-  serve-shared-detector) for extra in "--tag=default" "--server-args=--shared-detector --tag=shared" "--tag=default" \
-                        "--server-args=--shared-detector --tag=shared" "--server-args=--mps --tag=mps" \
-                        "--server-args=--shared-detector --mps --tag=shared-mps"; do
+  serve-shared-detector) for pair in "default:" "shared:--shared-detector" "default:" "shared:--shared-detector" \
+                        "mps:--mps" "shared-mps:--shared-detector --mps"; do
                    run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
                      --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
-                     --batch-size 64 --max-wait-ms 5 --out "$DEST" $extra
+                     --batch-size 64 --max-wait-ms 5 --out "$DEST" --tag "${pair%%:*}" --server-args="${pair#*:}"
+                 done ;;
+  serve-shared-detector-mps) for pair in "shared-mps:--mps --shared-detector" "mps:--mps" \
+                        "shared-mps:--mps --shared-detector"; do
+                   run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
+                     --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
+                     --batch-size 64 --max-wait-ms 5 --out "$DEST" --tag "${pair%%:*}" --server-args="${pair#*:}"
+                 done ;;
+  serve-ab)      [[ -d "${BASE:-}/gpen_tune" ]] || { echo "serve-ab: set BASE to a checkout to compare" >&2; exit 2; }
+                 for code in "$BASE" . "$BASE" .; do
+                   run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
+                     --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
+                     --batch-size 64 --max-wait-ms 5 --server-args=--mps --code "$code" \
+                     --tag "mps-$([[ $code == . ]] && echo this || echo base)" --out "$DEST"
                  done ;;
   enhance-detectors) run timeout 590 "$PY" benchmarks/doors_ab.py --code . --code . --code-extra "" \
                    --code-extra "--detector-processes 2" --only folder,clip_one,clip_group --video-frames 1440 \

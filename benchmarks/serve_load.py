@@ -156,6 +156,7 @@ def run_phase(urls: list[str], bodies: list[bytes], clients: int, processes: int
     processes = max(1, min(processes, clients))
     pids = server_pids or []
     calls0, faces0 = metrics(urls, "gpen_serve_generator_calls_total"), metrics(urls, "gpen_serve_faces_total")
+    busy0 = metrics(urls, "gpen_serve_generator_seconds_total")
     ctx = multiprocessing.get_context("fork")        # this process has no threads of its own: forking is safe
     go, out = ctx.Event(), ctx.Queue()
     children = [ctx.Process(target=_client_process, daemon=True,
@@ -182,11 +183,14 @@ def run_phase(urls: list[str], bodies: list[bytes], clients: int, processes: int
     client_cpu = sum(part[3] for part in parts)
     calls = metrics(urls, "gpen_serve_generator_calls_total") - calls0
     faces = metrics(urls, "gpen_serve_faces_total") - faces0
+    busy = metrics(urls, "gpen_serve_generator_seconds_total") - busy0
     q = np.percentile(latencies, [50, 95, 99])
     return {"clients": clients, "client_processes": processes, "requests": len(bodies), "errors": len(errors),
             "first_errors": errors[:3], "wall_s": round(wall, 3), "requests_per_s": round(len(bodies) / wall, 3),
             "faces_per_s": round(faces / wall, 3), "faces": faces, "generator_calls": calls,
             "faces_per_generator_call": round(faces / calls, 3) if calls else None,
+            "generator_call_ms": round(busy * 1000 / calls, 2) if calls and busy else None,  # None: no such metric
+            "generator_busy": round(busy / len(urls) / wall, 3) if busy else None,
             "latency_s": {"p50": round(float(q[0]), 4), "p95": round(float(q[1]), 4), "p99": round(float(q[2]), 4),
                           "mean": round(statistics.mean(latencies), 4)},
             "client_cpu_ms_per_request": round(client_cpu * 1000 / len(bodies), 3),
@@ -203,6 +207,7 @@ def _pooled(phases: list[dict]) -> dict:
     wall = sum(p["wall_s"] for p in phases)
     requests, faces = sum(p["requests"] for p in phases), sum(p["faces"] for p in phases)
     calls = sum(p["generator_calls"] for p in phases)
+    busy = sum((p.get("generator_call_ms") or 0.0) * p["generator_calls"] for p in phases) / 1000
     latencies = [x for p in phases for x in p["latencies"]]
     q = np.percentile(latencies, [50, 95, 99])
     client_cpu = sum(p["client_cpu_ms_per_request"] * p["requests"] for p in phases) / requests
@@ -216,6 +221,7 @@ def _pooled(phases: list[dict]) -> dict:
             "wall_s": round(wall, 3), "requests_per_s": round(requests / wall, 3),
             "faces_per_s": round(faces / wall, 3), "faces": faces, "generator_calls": calls,
             "faces_per_generator_call": round(faces / calls, 3) if calls else None,
+            "generator_call_ms": round(busy * 1000 / calls, 2) if calls and busy else None,
             "latency_s": {"p50": round(float(q[0]), 4), "p95": round(float(q[1]), 4), "p99": round(float(q[2]), 4)}}
 
 
@@ -346,9 +352,12 @@ def main() -> None:
     spy = None                                    # py-spy attached to the first ready server; it writes when it ends
     phases: dict[str, dict] = {}
     ready: dict = {}
+    started = time.perf_counter()
+    ready_s = None
     try:
         for proc, url, cmd, log in servers:       # started side by side, ready one by one
             wait_ready(proc, url, cmd, log)
+        ready_s = round(time.perf_counter() - started, 2)
         if args.profile is not None:
             spy = subprocess.Popen([py_spy(), "record", "--pid", str(pids[0]), "--threads", "--subprocesses",
                                     "--nonblocking", "-f", "raw", "-r", "100", "-o", str(args.profile)])
@@ -378,6 +387,7 @@ def main() -> None:
     result = {"benchmark": "serve_load", "command": shlex.join(["python", "benchmarks/serve_load.py", *sys.argv[1:]]),
               "args": given, "client_ceiling": ceiling, "phases": phases, "pooled": kinds,
               "server_generator_calls": workers, "server_request_processes": ready.get("request_processes"),
+              "server_ready_s": ready_s,
               "throughput_ratio": round(kinds["concurrent"]["requests_per_s"]
                                         / kinds["one_at_a_time"]["requests_per_s"], 3),
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
@@ -390,6 +400,7 @@ def main() -> None:
         print(f"{name:20s} {p['clients']:3d} clients  {p['requests_per_s']:7.2f} req/s  {p['faces_per_s']:7.2f} "
               f"faces/s  p50 {p['latency_s']['p50'] * 1000:7.0f} ms  p95 {p['latency_s']['p95'] * 1000:7.0f} ms  "
               f"p99 {p['latency_s']['p99'] * 1000:7.0f} ms  faces/call {p['faces_per_generator_call']}  "
+              f"call {p.get('generator_call_ms')} ms (busy {p.get('generator_busy')})  "
               f"client CPU {p['client_cpu_ms_per_request']:.2f} ms/request in {p['client_processes']} processes  "
               f"server CPU {p.get('server_cpu_ms_per_request') or 0:.1f} ms/request "
               f"(its main process {p.get('server_main_cpu_ms_per_request') or 0:.1f})  errors {p['errors']}")

@@ -23,6 +23,8 @@ class ServeMetrics:
         self.faces = Counter("gpen_serve_faces", "Faces restored", registry=r)
         self.generator_calls = Counter("gpen_serve_generator_calls", "Generator calls (each a batch of faces)",
                                        registry=r)
+        self.generator_seconds = Counter("gpen_serve_generator_seconds", "Seconds spent in generator calls (its "
+                                         "rate over time: the fraction of time the generator is busy)", registry=r)
         self.faces_per_call = Histogram("gpen_serve_faces_per_generator_call", "Faces per generator call",
                                         buckets=BATCH_BUCKETS, registry=r)
         self.dropped = Counter("gpen_serve_faces_dropped", "Queued faces dropped (client gone, timeout)", registry=r)
@@ -38,6 +40,7 @@ class ServeMetrics:
     def on_batch(self, faces: int, seconds: float) -> None:
         self.generator_calls.inc()
         self.faces.inc(faces)
+        self.generator_seconds.inc(seconds)
         self.faces_per_call.observe(faces)
 
     def render(self) -> bytes:

@@ -106,12 +106,17 @@ def post(url: str, path: Path, **params) -> httpx.Response:
 def test_concurrent_requests_share_generator_calls_and_give_enhance_pixels(batching_server, photos, enhanced):
     url = batching_server
     calls, faces = metric(url, "gpen_serve_generator_calls_total"), metric(url, "gpen_serve_faces_total")
+    busy = metric(url, "gpen_serve_generator_seconds_total")
+    start = time.perf_counter()
     with ThreadPoolExecutor(len(photos)) as pool:
         responses = list(pool.map(lambda p: post(url, p, ext="png"), photos))
+    wall = time.perf_counter() - start
     calls = metric(url, "gpen_serve_generator_calls_total") - calls
     faces = metric(url, "gpen_serve_faces_total") - faces
+    busy = metric(url, "gpen_serve_generator_seconds_total") - busy
     assert faces == len(photos) == 4
     assert calls < faces                                   # faces of different requests shared a call
+    assert 0 < busy < wall                                 # the generator's time, inside the requests' time
     for path, r in zip(photos, responses, strict=True):
         assert r.status_code == 200, r.text
         assert r.headers["x-faces"] == "1" and r.headers["content-type"] == "image/png"
@@ -280,7 +285,8 @@ def test_health_ready_metrics_and_openapi(batching_server, photos):
     assert post(url, photos[0]).status_code == 200          # labelled series appear with their first request
     text = httpx.get(f"{url}/metrics").text
     for name in ("gpen_serve_requests_total", "gpen_serve_request_seconds_bucket", "gpen_serve_faces_total",
-                 "gpen_serve_faces_per_generator_call_bucket", "gpen_serve_queue_faces",
+                 "gpen_serve_faces_per_generator_call_bucket", "gpen_serve_generator_seconds_total",
+                 "gpen_serve_queue_faces",
                  "gpen_serve_gpu_memory_bytes"):
         assert name in text
     paths = httpx.get(f"{url}/openapi.json").json()["paths"]
