@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import cv2
 import numpy as np
 import torch
 
@@ -34,6 +35,27 @@ class StageTimes:
         if self.first_submit_at is None or self.last_done_at is None:
             return None
         return max(0.0, self.last_done_at - self.first_submit_at)
+
+
+def gather_rows(crops: Sequence[np.ndarray], out: torch.Tensor) -> torch.Tensor:
+    """The [S,S,3] uint8 crops copied into out[:n] (a contiguous host tensor) by one call, and out[:n].
+
+    Each copy that gives up the GIL must win it back behind every other thread that wants it; one call for the
+    batch instead of one per crop keeps a generator call's host work from growing with its faces under load
+    (benchmarks/staging_gil.py). OpenCV's vconcat copies on the calling thread with the GIL released once, where a
+    torch copy would start its intra-op threads, which wait on busy cores."""
+    n = len(crops)
+    rows = out[:n]
+    view = rows.numpy().reshape(n * rows.shape[1], *rows.shape[2:])
+    got = cv2.vconcat(list(crops), dst=view)             # into `view` while the crops fill it exactly
+    if got.ctypes.data != view.ctypes.data:
+        raise ValueError(f"crops of shapes {sorted({c.shape for c in crops})} do not fill rows of {tuple(rows.shape)}")
+    return rows
+
+
+def split_rows(rows: torch.Tensor, n: int) -> list[np.ndarray]:
+    """The first n rows of a reused host buffer as n arrays, copied out in one call (views of one copy)."""
+    return list(rows[:n].numpy().copy())
 
 
 class PinnedStaging:
@@ -60,11 +82,7 @@ class PinnedStaging:
         free = self.input_free[slot]
         if free is not None:
             free.synchronize()                       # the upload from two batches ago has finished
-        host = self.inputs[slot]
-        view = host.numpy()
-        for i, c in enumerate(crops):
-            view[i] = c
-        dev = host[: len(crops)].to(device, non_blocking=True)
+        dev = gather_rows(crops, self.inputs[slot]).to(device, non_blocking=True)
         copied = torch.cuda.Event()
         copied.record(torch.cuda.current_stream(device))
         self.input_free[slot] = copied
@@ -121,7 +139,7 @@ class PendingBatch:
             self._finish(self)                        # may replace device_out / host_out (fp32 re-run)
         host = self._host_out
         # the pinned buffer is reused by a later batch: copy out of it
-        self._ready = [host[i].numpy().copy() for i in range(self.n)] if host is not None else [None] * self.n
+        self._ready = split_rows(host, self.n) if host is not None else [None] * self.n
         self._host_out = self._host_flags = self._finish = None
         return self._ready
 
