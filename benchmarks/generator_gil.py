@@ -1,9 +1,10 @@
 """The service's generator call (`Steps.restorer.submit(...).result()`, GPEN-BFR-512, `--preset speed`, batch 64
-limit, every padded size warmed as the server does) timed alone and beside 1, 2 and 4 Python threads that hold the
-GIL (pure-Python loops), as the server's other threads do under load. A call whose time grows with the spinning
-threads spends it waiting for the GIL, not on the GPU.
+limit, every bucket warmed as the server does) timed alone and beside 1, 2 and 4 Python threads that hold the
+GIL (pure-Python loops), as the server's other threads do under load, at each GIL hand-over interval asked for
+(the server's by default). A call whose time grows with the spinning threads spends it waiting for the GIL, not
+on the GPU; the spinning threads' loops per second show what a shorter interval costs them.
 
-    python benchmarks/generator_gil.py [--batches 8,16] [--repeats 15] [--out benchmarks/results]
+    python benchmarks/generator_gil.py [--batches 8,16] [--intervals-us 200,50] [--repeats 15] [--out DIR]
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--batches", default="8,16")
     ap.add_argument("--spinners", default="0,1,2,4,0")
+    ap.add_argument("--intervals-us", default=None, help="GIL hand-over intervals in microseconds (default: the "
+                    "server's)")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     args = ap.parse_args()
@@ -49,37 +52,46 @@ def main() -> None:
     size = steps.pipeline.size
     face = np.random.default_rng(0).integers(0, 255, (size, size, 3), np.uint8)
     running = threading.Event()
+    loops = [0]
 
     def spin() -> None:
         x = 0
         while running.is_set():
             for i in range(1000):
                 x += i
+            loops[0] += 1
 
+    intervals = ([int(u) * 1e-6 for u in args.intervals_us.split(",")] if args.intervals_us
+                 else [steps.switch_interval()])                 # the server's
     rows = []
-    sys.setswitchinterval(steps.switch_interval())            # the server's
-    for spinners in (int(s) for s in args.spinners.split(",")):
-        running.set()
-        threads = [threading.Thread(target=spin, daemon=True) for _ in range(spinners)]
-        for t in threads:
-            t.start()
-        for n in (int(b) for b in args.batches.split(",")):
-            times = []
-            for _ in range(args.repeats):
-                t = time.perf_counter()
-                steps.restorer.submit([face] * n).result()
-                times.append(time.perf_counter() - t)
-            ms = statistics.median(times) * 1000
-            rows.append({"spinning_threads": spinners, "batch": n, "call_ms_median": round(ms, 2),
-                         "call_ms_min": round(min(times) * 1000, 2)})
-            print(f"{spinners} spinning threads, batch {n}: {ms:.2f} ms per call", flush=True)
-        running.clear()
-        for t in threads:
-            t.join()
+    for interval in intervals:
+        sys.setswitchinterval(interval)
+        for spinners in (int(s) for s in args.spinners.split(",")):
+            running.set()
+            threads = [threading.Thread(target=spin, daemon=True) for _ in range(spinners)]
+            for t in threads:
+                t.start()
+            for n in (int(b) for b in args.batches.split(",")):
+                times = []
+                loops[0], start = 0, time.perf_counter()
+                for _ in range(args.repeats):
+                    t = time.perf_counter()
+                    steps.restorer.submit([face] * n).result()
+                    times.append(time.perf_counter() - t)
+                spin_rate = loops[0] / (time.perf_counter() - start)
+                ms = statistics.median(times) * 1000
+                rows.append({"switch_interval_us": round(interval * 1e6), "spinning_threads": spinners, "batch": n,
+                             "call_ms_median": round(ms, 2), "call_ms_min": round(min(times) * 1000, 2),
+                             "spinner_kloops_per_s": round(spin_rate / 1000, 2)})
+                print(f"interval {interval * 1e6:.0f} us, {spinners} spinning threads, batch {n}: {ms:.2f} ms per "
+                      f"call; spinners {spin_rate / 1000:.1f} k loops/s", flush=True)
+            running.clear()
+            for t in threads:
+                t.join()
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     result = {"benchmark": "generator_gil", "command": shlex.join(["python", "benchmarks/generator_gil.py",
                                                                    *sys.argv[1:]]),
-              "device": device, "switch_interval_s": steps.switch_interval(), "warm_up_s": round(warm_s, 2),
+              "device": device, "server_switch_interval_s": steps.switch_interval(), "warm_up_s": round(warm_s, 2),
               "rows": rows}
     print(write_result(args.out, f"generator_gil_{args.device.split(':')[0]}", result))
 
