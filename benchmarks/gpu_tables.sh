@@ -29,7 +29,7 @@
 #   serve-mps      the 64 clients against the server as started, then with --mps (a private MPS daemon), A/B/A/B
 #   serve-shared-detector the 64 clients against the server as started, then with --shared-detector (one detector
 #                  process for the request processes), A/B/A/B; then --mps with and without it
-#   generator-gil  the service's generator call alone and beside 1, 2, 4 GIL-holding threads, GIL hand-over
+#   generator-gil  the service's generator call (1, 8, 16 faces) alone and beside 1, 2, 4 GIL-holding threads, GIL hand-over
 #                  interval 200 and 50 us (benchmarks/generator_gil.py)
 #   serve-ab       the 64 clients under --mps against the checkout in $BASE (e.g. `git worktree add /tmp/base REV`)
 #                  and this one, A/B/A/B: an A/B of a change to the server
@@ -119,7 +119,7 @@ case "$PART" in
                      --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
                      --batch-size 64 --max-wait-ms 5 --out "$DEST" --tag "${pair%%:*}" --server-args="${pair#*:}"
                  done ;;
-  generator-gil) run timeout 290 "$PY" benchmarks/generator_gil.py --intervals-us 200,50 --out "$DEST" ;;
+  generator-gil) run timeout 290 "$PY" benchmarks/generator_gil.py --batches 1,8,16 --intervals-us 200,50 --out "$DEST" ;;
   serve-ab)      [[ -d "${BASE:-}/gpen_tune" ]] || { echo "serve-ab: set BASE to a checkout to compare" >&2; exit 2; }
                  for code in "$BASE" . "$BASE" .; do
                    run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
