@@ -13,7 +13,6 @@ import argparse
 import shlex
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_file import write_result  # noqa: E402
+from timing import gil_holders  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,43 +51,28 @@ def main() -> None:
     warm_s = time.perf_counter() - t0
     size = steps.pipeline.size
     face = np.random.default_rng(0).integers(0, 255, (size, size, 3), np.uint8)
-    running = threading.Event()
-    loops = [0]
-
-    def spin() -> None:
-        x = 0
-        while running.is_set():
-            for i in range(1000):
-                x += i
-            loops[0] += 1
-
     intervals = ([int(u) * 1e-6 for u in args.intervals_us.split(",")] if args.intervals_us
                  else [steps.switch_interval()])                 # the server's
     rows = []
     for interval in intervals:
         sys.setswitchinterval(interval)
         for spinners in (int(s) for s in args.spinners.split(",")):
-            running.set()
-            threads = [threading.Thread(target=spin, daemon=True) for _ in range(spinners)]
-            for t in threads:
-                t.start()
-            for n in (int(b) for b in args.batches.split(",")):
-                times = []
-                loops[0], start = 0, time.perf_counter()
-                for _ in range(args.repeats):
-                    t = time.perf_counter()
-                    steps.restorer.submit([face] * n).result()
-                    times.append(time.perf_counter() - t)
-                spin_rate = loops[0] / (time.perf_counter() - start)
-                ms = statistics.median(times) * 1000
-                rows.append({"switch_interval_us": round(interval * 1e6), "spinning_threads": spinners, "batch": n,
-                             "call_ms_median": round(ms, 2), "call_ms_min": round(min(times) * 1000, 2),
-                             "spinner_kloops_per_s": round(spin_rate / 1000, 2)})
-                print(f"interval {interval * 1e6:.0f} us, {spinners} spinning threads, batch {n}: {ms:.2f} ms per "
-                      f"call; spinners {spin_rate / 1000:.1f} k loops/s", flush=True)
-            running.clear()
-            for t in threads:
-                t.join()
+            with gil_holders(spinners) as loops:
+                for n in (int(b) for b in args.batches.split(",")):
+                    times = []
+                    loops[0], start = 0, time.perf_counter()
+                    for _ in range(args.repeats):
+                        t = time.perf_counter()
+                        steps.restorer.submit([face] * n).result()
+                        times.append(time.perf_counter() - t)
+                    spin_rate = loops[0] / (time.perf_counter() - start)
+                    ms = statistics.median(times) * 1000
+                    rows.append({"switch_interval_us": round(interval * 1e6), "spinning_threads": spinners,
+                                 "batch": n, "call_ms_median": round(ms, 2),
+                                 "call_ms_min": round(min(times) * 1000, 2),
+                                 "spinner_kloops_per_s": round(spin_rate / 1000, 2)})
+                    print(f"interval {interval * 1e6:.0f} us, {spinners} spinning threads, batch {n}: {ms:.2f} ms "
+                          f"per call; spinners {spin_rate / 1000:.1f} k loops/s", flush=True)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     result = {"benchmark": "generator_gil", "command": shlex.join(["python", "benchmarks/generator_gil.py",
                                                                    *sys.argv[1:]]),

@@ -48,6 +48,9 @@ LOG="$DEST/$(date -u +%Y%m%d-%H%M)-gpu-$PART.log"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 run() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; "$@" 2>&1 | tee -a "$LOG"; }
 bench() { run timeout 590 "$PY" -m gpen_tune bench --device cuda --repeats 6 --warmup 2 -o "$DEST" "$@"; }
+load64() { run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
+             --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
+             --batch-size 64 --max-wait-ms 5 --out "$DEST" "$@"; }   # 64 single-face clients, the serve parts' load
 
 case "$PART" in
   generator)     run timeout 590 "$PY" benchmarks/generator_limit.py --quick --budget-s 125 \
@@ -91,41 +94,28 @@ case "$PART" in
                  done ;;
   serve-detectors) for extra in "--detector-processes 1" "--detector-processes 2" "--detector-processes 3" \
                         "--detector-processes 2 --server-args=--request-threads=128" "--detector-processes 1"; do
-                   run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
-                     --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
-                     --batch-size 64 --max-wait-ms 5 --out "$DEST" $extra
+                   load64 $extra
                  done ;;
   serve-request-processes) for extra in "--server-args=--request-processes=0" "--tag=default" \
                         "--server-args=--request-processes=0" "--tag=default" "--strength=0 --tag=strength0"; do
-                   run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
-                     --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
-                     --batch-size 64 --max-wait-ms 5 --out "$DEST" $extra
+                   load64 $extra
                  done ;;
   serve-mps)     for extra in "--tag=default" "--server-args=--mps --tag=mps" "--tag=default" \
                         "--server-args=--mps --tag=mps"; do
-                   run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
-                     --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
-                     --batch-size 64 --max-wait-ms 5 --out "$DEST" $extra
+                   load64 $extra
                  done ;;
   serve-shared-detector) for pair in "default:" "shared:--shared-detector" "default:" "shared:--shared-detector" \
                         "mps:--mps" "shared-mps:--shared-detector --mps"; do
-                   run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
-                     --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
-                     --batch-size 64 --max-wait-ms 5 --out "$DEST" --tag "${pair%%:*}" --server-args="${pair#*:}"
+                   load64 --tag "${pair%%:*}" --server-args="${pair#*:}"
                  done ;;
   serve-shared-detector-mps) for pair in "shared-mps:--mps --shared-detector" "mps:--mps" \
                         "shared-mps:--mps --shared-detector"; do
-                   run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
-                     --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
-                     --batch-size 64 --max-wait-ms 5 --out "$DEST" --tag "${pair%%:*}" --server-args="${pair#*:}"
+                   load64 --tag "${pair%%:*}" --server-args="${pair#*:}"
                  done ;;
   generator-gil) run timeout 290 "$PY" benchmarks/generator_gil.py --batches 1,8,16 --intervals-us 200,50 --out "$DEST" ;;
   serve-ab)      [[ -d "${BASE:-}/gpen_tune" ]] || { echo "serve-ab: set BASE to a checkout to compare" >&2; exit 2; }
                  for code in "$BASE" . "$BASE" .; do
-                   run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
-                     --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
-                     --batch-size 64 --max-wait-ms 5 --server-args=--mps --code "$code" \
-                     --tag "mps-$([[ $code == . ]] && echo this || echo base)" --out "$DEST"
+                   load64 --server-args=--mps --code "$code" --tag "mps-$([[ $code == . ]] && echo this || echo base)"
                  done ;;
   enhance-detectors) run timeout 590 "$PY" benchmarks/doors_ab.py --code . --code . --code-extra "" \
                    --code-extra "--detector-processes 2" --only folder,clip_one,clip_group --video-frames 1440 \

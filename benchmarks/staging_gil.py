@@ -12,7 +12,6 @@ import argparse
 import shlex
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_file import write_result  # noqa: E402
+from timing import gil_holders  # noqa: E402
 
 from gpen_tune.pipeline.threads import SWITCH_INTERVAL_S  # noqa: E402
 from gpen_tune.restore.staging import gather_rows, split_rows  # noqa: E402
@@ -59,37 +59,23 @@ def main() -> None:
     crops = [rng.integers(0, 255, (args.size, args.size, 3), np.uint8) for _ in range(top)]
     inputs = torch.empty((top, args.size, args.size, 3), dtype=torch.uint8)
     outputs = torch.from_numpy(np.stack(crops))
-    running = threading.Event()
-
-    def spin() -> None:
-        x = 0
-        while running.is_set():
-            for i in range(1000):
-                x += i
-
     variants = {"per_crop": per_crop, "one_call": one_call}
     rows = []
     for spinners in (int(s) for s in args.spinners.split(",")):
-        running.set()
-        threads = [threading.Thread(target=spin, daemon=True) for _ in range(spinners)]
-        for t in threads:
-            t.start()
-        for n in (int(b) for b in args.batches.split(",")):
-            for r in range(args.rounds):
-                for name, fn in (variants.items() if r % 2 == 0 else reversed(variants.items())):
-                    times = []
-                    for _ in range(args.repeats):
-                        t0 = time.perf_counter()
-                        got = fn(crops[:n], inputs, outputs)
-                        times.append(time.perf_counter() - t0)
-                    assert len(got) == n and np.array_equal(got[-1], crops[n - 1])
-                    ms = statistics.median(times) * 1000
-                    rows.append({"variant": name, "spinning_threads": spinners, "batch": n, "round": r,
-                                 "ms_median": round(ms, 3)})
-                    print(f"{name:9s} {spinners} spinning, batch {n:2d}, round {r}: {ms:.3f} ms", flush=True)
-        running.clear()
-        for t in threads:
-            t.join()
+        with gil_holders(spinners):
+            for n in (int(b) for b in args.batches.split(",")):
+                for r in range(args.rounds):
+                    for name, fn in (variants.items() if r % 2 == 0 else reversed(variants.items())):
+                        times = []
+                        for _ in range(args.repeats):
+                            t0 = time.perf_counter()
+                            got = fn(crops[:n], inputs, outputs)
+                            times.append(time.perf_counter() - t0)
+                        assert len(got) == n and np.array_equal(got[-1], crops[n - 1])
+                        ms = statistics.median(times) * 1000
+                        rows.append({"variant": name, "spinning_threads": spinners, "batch": n, "round": r,
+                                     "ms_median": round(ms, 3)})
+                        print(f"{name:9s} {spinners} spinning, batch {n:2d}, round {r}: {ms:.3f} ms", flush=True)
     result = {"benchmark": "staging_gil", "command": shlex.join(["python", "benchmarks/staging_gil.py", *sys.argv[1:]]),
               "size": args.size, "switch_interval_s": SWITCH_INTERVAL_S, "torch_threads": torch.get_num_threads(),
               "rows": rows}

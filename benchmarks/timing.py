@@ -9,20 +9,23 @@
     ms = queued_calls(fn, device, repeats) # calls queued back to back, no sync between: a busy GPU's steady state
     summary(ms)                            # median, quartiles, relative IQR (the same as `gpen-tune bench`)
     best_seconds(fn, repeats)              # the fastest of `repeats` calls (steady-state cost of a short step)
+    with gil_holders(2) as loops: ...      # threads that only hold the GIL (loops[0]: their loops so far)
 
 Device timing is `gpen_tune.bench.measure`'s, so a benchmark and `gpen-tune bench` time a call the same way.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
 from gpen_tune.bench.measure import summary, sync, time_calls
 
-__all__ = ["Stopwatch", "best_seconds", "queued_calls", "summary", "sync", "time_calls"]
+__all__ = ["Stopwatch", "best_seconds", "gil_holders", "queued_calls", "summary", "sync", "time_calls"]
 
 
 class Stopwatch:
@@ -100,3 +103,29 @@ def py_spy() -> str:
 
     beside = Path(sys.executable).parent / "py-spy"
     return str(beside) if beside.is_file() else (shutil.which("py-spy") or "py-spy")
+
+
+@contextmanager
+def gil_holders(count: int) -> Iterator[list[int]]:
+    """`count` threads running pure-Python loops (they hold the GIL whenever they run, as a server's busy threads
+    do) for the `with` block; yields a one-item list counting their loops of 1,000 additions, which the caller may
+    reset and read (what the block cost them)."""
+    running, loops = threading.Event(), [0]
+
+    def spin() -> None:
+        x = 0
+        while running.is_set():
+            for i in range(1000):
+                x += i
+            loops[0] += 1
+
+    running.set()
+    threads = [threading.Thread(target=spin, daemon=True) for _ in range(count)]
+    for t in threads:
+        t.start()
+    try:
+        yield loops
+    finally:
+        running.clear()
+        for t in threads:
+            t.join()
