@@ -4,7 +4,7 @@ GIL (pure-Python loops), as the server's other threads do under load, at each GI
 (the server's by default). A call whose time grows with the spinning threads spends it waiting for the GIL, not
 on the GPU; the spinning threads' loops per second show what a shorter interval costs them.
 
-    python benchmarks/generator_gil.py [--batches 8,16] [--intervals-us 200,50] [--repeats 15] [--out DIR]
+    python benchmarks/generator_gil.py [--batches 8,16] [--intervals-us 200,50] [--repeats 15] [--code DIR] [--out DIR]
 """
 
 from __future__ import annotations
@@ -34,8 +34,13 @@ def main() -> None:
     ap.add_argument("--intervals-us", default=None, help="GIL hand-over intervals in microseconds (default: the "
                     "server's)")
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--code", type=Path, default=None, help="the checkout whose gpen_tune is timed (default: this "
+                    "one): an A/B of a change to the restorer")
+    ap.add_argument("--tag", default="", help="appended to the JSON's name")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     args = ap.parse_args()
+    code = (args.code or REPO).resolve()
+    sys.path.insert(0, str(code))
 
     import torch
 
@@ -76,9 +81,10 @@ def main() -> None:
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     result = {"benchmark": "generator_gil", "command": shlex.join(["python", "benchmarks/generator_gil.py",
                                                                    *sys.argv[1:]]),
-              "device": device, "server_switch_interval_s": steps.switch_interval(), "warm_up_s": round(warm_s, 2),
-              "rows": rows}
-    print(write_result(args.out, f"generator_gil_{args.device.split(':')[0]}", result))
+              "device": device, "code": str(code), "server_switch_interval_s": steps.switch_interval(),
+              "warm_up_s": round(warm_s, 2), "rows": rows}
+    name = f"generator_gil_{args.device.split(':')[0]}" + (f"_{args.tag}" if args.tag else "")
+    print(write_result(args.out, name, result))
 
 
 if __name__ == "__main__":
