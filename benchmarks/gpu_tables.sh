@@ -34,8 +34,6 @@
 #   serve-ab       the 64 clients under --mps against the checkout in $BASE (e.g. `git worktree add /tmp/base REV`)
 #                  and this one, A/B/A/B: an A/B of a change to the server
 #   serve-shared-detector-mps the 64 clients under --mps with and without --shared-detector, B/A/B
-#   serve-switch-interval the 64 clients under --mps, the server's GIL hand-over interval (200 us) against 50 us,
-#                  A/B/A/B
 #   enhance-detectors the folder and long video commands with --detector-processes 2 against the default, interleaved
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -118,9 +116,6 @@ case "$PART" in
   serve-ab)      [[ -d "${BASE:-}/gpen_tune" ]] || { echo "serve-ab: set BASE to a checkout to compare" >&2; exit 2; }
                  for code in "$BASE" . "$BASE" .; do
                    load64 --server-args=--mps --code "$code" --tag "mps-$([[ $code == . ]] && echo this || echo base)"
-                 done ;;
-  serve-switch-interval) for si in 200 50 200 50; do
-                   load64 --server-args=--mps --tag "mps-si$si" $([[ $si == 200 ]] || echo --switch-interval-us $si)
                  done ;;
   enhance-detectors) run timeout 590 "$PY" benchmarks/doors_ab.py --code . --code . --code-extra "" \
                    --code-extra "--detector-processes 2" --only folder,clip_one,clip_group --video-frames 1440 \

@@ -250,11 +250,7 @@ def wait_ready(proc: subprocess.Popen, url: str, cmd: list[str], log: Path | Non
 def start_server(args: argparse.Namespace, spool: Path) -> tuple[subprocess.Popen, str, list[str], Path]:
     """A `gpen-tune serve` child process (not yet ready: `wait_ready`), its URL, command and log file."""
     port = free_port()
-    launch = ["-m", "gpen_tune"]
-    if args.switch_interval_us is not None:    # a GIL hand-over interval below the server's (it keeps the lower)
-        launch = ["-c", "import runpy, sys; sys.setswitchinterval(float(sys.argv.pop(1)) * 1e-6); "
-                  "runpy.run_module('gpen_tune', run_name='__main__', alter_sys=True)", str(args.switch_interval_us)]
-    cmd = [sys.executable, *launch, "serve", "--port", str(port), "--spool", str(spool),
+    cmd = [sys.executable, "-m", "gpen_tune", "serve", "--port", str(port), "--spool", str(spool),
            "--model", args.model, "--weights", args.weights, "--device", args.device, "--detector", args.detector,
            "--max-wait-ms", str(args.max_wait_ms), "--max-queue-faces", str(max(256, 4 * args.clients))]
     if args.batch_size:
@@ -316,8 +312,6 @@ def main() -> None:
     where.add_argument("--detector-thread", action="store_true", help="the server's --detector-thread")
     ap.add_argument("--detector-processes", type=int, default=None, help="the server's --detector-processes")
     ap.add_argument("--server-args", default="", help="more options of the server (quoted), e.g. an A/B of a flag")
-    ap.add_argument("--switch-interval-us", type=float, default=None, help="start the server with this GIL hand-over "
-                    "interval (microseconds; it keeps it where below its own): an A/B of the interval under load")
     ap.add_argument("--strength", type=float, default=None,
                     help="the requests' strength (0: no generator call: what the server spends around it)")
     ap.add_argument("--tag", default=None, help="added to the JSON name (e.g. what the server's environment had)")
