@@ -34,6 +34,10 @@
 #   serve-ab       the 64 clients under --mps against the checkout in $BASE (e.g. `git worktree add /tmp/base REV`)
 #                  and this one, A/B/A/B: an A/B of a change to the server
 #   serve-shared-detector-mps the 64 clients under --mps with and without --shared-detector, B/A/B
+#   serve-contention the 64 clients under --mps, then at strength 0 (no generator call: detection with the GPU to
+#                  itself, and the ceiling of the request path), A/B/A/B
+#   serve-profile  the 64 clients under --mps with py-spy on the server and its request processes, summarised per
+#                  thread (benchmarks/pyspy_summary.py): where the request path's CPU goes
 #   enhance-detectors the folder and long video commands with --detector-processes 2 against the default, interleaved
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -117,6 +121,14 @@ case "$PART" in
                  for code in "$BASE" . "$BASE" .; do
                    load64 --server-args=--mps --code "$code" --tag "mps-$([[ $code == . ]] && echo this || echo base)"
                  done ;;
+  serve-contention) for extra in "--tag=mps" "--strength=0 --tag=mps-strength0" "--tag=mps" \
+                        "--strength=0 --tag=mps-strength0"; do
+                   load64 --server-args=--mps $extra
+                 done ;;
+  serve-profile) [[ -n "$PYSPY" ]] || { echo "serve-profile: needs py-spy on PATH" >&2; exit 2; }
+                 load64 --server-args=--mps --tag mps-pyspy --py-spy "$DEST/serve-mps.folded"
+                 run "$PY" benchmarks/pyspy_summary.py "$DEST/serve-mps.folded" --depth 3 --top 8 --tag serve_pyspy \
+                   --out "$DEST" ;;
   enhance-detectors) run timeout 590 "$PY" benchmarks/doors_ab.py --code . --code . --code-extra "" \
                    --code-extra "--detector-processes 2" --only folder,clip_one,clip_group --video-frames 1440 \
                    --rounds 1 --tag detector-processes --out "$DEST" ;;
