@@ -3,7 +3,8 @@
 
     python benchmarks/pyspy_summary.py PROFILE.folded [...] [--threads gpen-detect,gpen-gpu] [--depth 3]
 
-Per file and per thread (numbered suffixes merged: gpen-prep3 -> gpen-prep): the samples, and the share of each
+Per file and per thread (numbered suffixes merged: gpen-prep3 -> gpen-prep; threads of the processes the profiled
+one started, with `--subprocesses`, as child/NAME): the samples, and the share of each
 stack tail of `--depth` frames (function and line), largest first. Samples count only where the thread was
 running Python (py-spy leaves idle threads out), so a share says where a thread's work went, not its wall time.
 """
@@ -19,18 +20,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_file import write_result  # noqa: E402
 
-THREAD = re.compile(r"thread \(\d+\): ([^;]*)")
+THREAD = re.compile(r"(?:^|;)thread \(\d+\): ([^;]*)")
+PROCESS = re.compile(r"(?:^|;)process \d+:")
 
 
 def summarise(path: Path, threads: list[str] | None, depth: int, top: int) -> dict:
     tails: dict[str, Counter] = defaultdict(Counter)
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        frames = stack.split(";")
-        match = next((THREAD.match(f) for f in frames[:2] if THREAD.match(f)), None)
+        match = THREAD.search(stack)    # after any "process PID:CMDLINE" frames (whose command lines may hold ";")
         name = re.sub(r"\d+$", "", match.group(1).strip()) if match else "?"
         if threads and name not in threads:
             continue
+        if match and len(PROCESS.findall(stack[: match.start()])) >= 2:
+            name = f"child/{name}"      # --subprocesses: a process the profiled one started (its own GIL)
+        frames = [f for f in (stack[match.end():] if match else stack).split(";") if f] or ["(no Python frame)"]
         tail = ";".join(f.split(" (")[0] + (":" + f.rsplit(":", 1)[-1].rstrip(")") if " (" in f else "")
                         for f in frames[-depth:])
         tails[name][tail] += int(count)
