@@ -131,6 +131,7 @@ def _enhance_route(app: FastAPI, service: Service, limits: ServeLimits, auth) ->
             in_ext = check_header(data, name, limits.max_pixels)
             options = RequestOptions(strength, only_center_face, parse_mask, check_ext(ext))
             result = await service.restore(data, name, in_ext, options, request.is_disconnected)
+            service.metrics.on_restored(result.timings)
             status = 200
             return _image_response(result, response)
         except HttpRefusal as e:

@@ -27,6 +27,9 @@ class ServeMetrics:
                                          "rate over time: the fraction of time the generator is busy)", registry=r)
         self.faces_per_call = Histogram("gpen_serve_faces_per_generator_call", "Faces per generator call",
                                         buckets=BATCH_BUCKETS, registry=r)
+        self.stage_seconds = Histogram("gpen_serve_stage_seconds", "Seconds each live request spent in each step "
+                                       "(decode, detect, align, restore, paste, encode; waits included): where "
+                                       "requests wait under load", ["stage"], buckets=LATENCY_BUCKETS, registry=r)
         self.dropped = Counter("gpen_serve_faces_dropped", "Queued faces dropped (client gone, timeout)", registry=r)
         queue = Gauge("gpen_serve_queue_faces", "Faces waiting for the generator", registry=r)
         queue.set_function(queue_depth)
@@ -42,6 +45,11 @@ class ServeMetrics:
         self.faces.inc(faces)
         self.generator_seconds.inc(seconds)
         self.faces_per_call.observe(faces)
+
+    def on_restored(self, timings: dict[str, float]) -> None:
+        """One image's step times (its Server-Timing header), each into its stage's histogram."""
+        for stage, seconds in timings.items():
+            self.stage_seconds.labels(stage).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

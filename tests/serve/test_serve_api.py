@@ -296,6 +296,27 @@ def test_health_ready_metrics_and_openapi(batching_server, photos):
     assert {"strength", "only_center_face", "parse_mask", "ext", "response"} <= params
 
 
+def test_each_restored_image_adds_its_step_times_to_the_stage_histograms(batching_server, photos):
+    """gpen_serve_stage_seconds{stage=...}: the Server-Timing header's steps, summed over requests (a label appears
+    with its first request, so one goes first)."""
+    url = batching_server
+    assert post(url, photos[0]).status_code == 200
+
+    def stage(suffix: str, name: str) -> float:
+        return metric(url, f'gpen_serve_stage_seconds_{suffix}{{stage="{name}"}}')
+
+    r = post(url, photos[1])
+    header = {k: float(v) for k, v in (part.strip().split(";dur=") for part in r.headers["server-timing"].split(","))}
+    assert {"decode", "detect", "align", "restore", "paste", "encode"} <= header.keys()
+    before = {name: (stage("count", name), stage("sum", name)) for name in header}
+    r = post(url, photos[1])
+    header = {k: float(v) for k, v in (part.strip().split(";dur=") for part in r.headers["server-timing"].split(","))}
+    for name, ms in header.items():
+        count, total = before[name]
+        assert stage("count", name) == count + 1
+        assert abs((stage("sum", name) - total) * 1000 - ms) <= 0.05 + 1e-6    # the header rounds to 0.1 ms
+
+
 def test_token_is_required_and_checked(strict_server, photos):
     url = strict_server
     assert httpx.get(f"{url}/healthz").status_code == 200             # probes need no token
