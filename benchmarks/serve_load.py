@@ -189,7 +189,8 @@ def run_phase(urls: list[str], bodies: list[bytes], clients: int, processes: int
             "first_errors": errors[:3], "wall_s": round(wall, 3), "requests_per_s": round(len(bodies) / wall, 3),
             "faces_per_s": round(faces / wall, 3), "faces": faces, "generator_calls": calls,
             "faces_per_generator_call": round(faces / calls, 3) if calls else None,
-            "generator_call_ms": round(busy * 1000 / calls, 2) if calls and busy else None,  # None: no such metric
+            "generator_s": round(busy, 4),                # 0: no such metric (an older server)
+            "generator_call_ms": round(busy * 1000 / calls, 2) if calls and busy else None,
             "generator_busy": round(busy / len(urls) / wall, 3) if busy else None,
             "latency_s": {"p50": round(float(q[0]), 4), "p95": round(float(q[1]), 4), "p99": round(float(q[2]), 4),
                           "mean": round(statistics.mean(latencies), 4)},
@@ -207,7 +208,7 @@ def _pooled(phases: list[dict]) -> dict:
     wall = sum(p["wall_s"] for p in phases)
     requests, faces = sum(p["requests"] for p in phases), sum(p["faces"] for p in phases)
     calls = sum(p["generator_calls"] for p in phases)
-    busy = sum((p.get("generator_call_ms") or 0.0) * p["generator_calls"] for p in phases) / 1000
+    busy = sum(p["generator_s"] for p in phases)
     latencies = [x for p in phases for x in p["latencies"]]
     q = np.percentile(latencies, [50, 95, 99])
     client_cpu = sum(p["client_cpu_ms_per_request"] * p["requests"] for p in phases) / requests
