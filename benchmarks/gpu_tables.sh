@@ -53,8 +53,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 run() { echo "== $(date -u +%T) $*" | tee -a "$LOG"; "$@" 2>&1 | tee -a "$LOG"; }
 bench() { run timeout 590 "$PY" -m gpen_tune bench --device cuda --repeats 6 --warmup 2 -o "$DEST" "$@"; }
 load64() { run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
-             --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 1 \
-             --batch-size 64 --max-wait-ms 5 --out "$DEST" "$@"; }   # 64 single-face clients, the serve parts' load
+             --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 32 --rounds 2 \
+             --batch-size 64 --max-wait-ms 5 --out "$DEST" "$@"; }   # 64 single-face clients, two rounds (the 2nd: steady state)
 
 case "$PART" in
   generator)     run timeout 590 "$PY" benchmarks/generator_limit.py --quick --budget-s 125 \
@@ -85,15 +85,15 @@ case "$PART" in
   scaling)       run timeout 590 "$PY" benchmarks/scaling.py --device cuda --workers 1,2,4,8 --ray-actors 1,2,4,8 \
                    --images 2000 --model GPEN-BFR-512 --out "$DEST" ;;
   serve)         run timeout 590 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
-                   --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 64 --rounds 1 \
+                   --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 64 --rounds 2 \
                    --batch-size 64 --max-wait-ms 5 --detector-thread --client-ceiling --out "$DEST" \
                    ${PYSPY:+--py-spy "$DEST/serve-server.folded"}
                  run timeout 590 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
-                   --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 64 --rounds 1 \
+                   --preset speed --detector mtcnn --clients 64 --requests 2048 --sequential-requests 64 --rounds 2 \
                    --batch-size 64 --max-wait-ms 5 --detector-process --out "$DEST" ;;
   serve-replicas) for n in 3 1; do
                    run timeout 290 "$PY" benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic \
-                     --preset speed --detector mtcnn --clients 64 --requests 1024 --sequential-requests 32 --rounds 1 \
+                     --preset speed --detector mtcnn --clients 64 --requests 1024 --sequential-requests 32 --rounds 2 \
                      --batch-size 64 --max-wait-ms 5 --replicas $n --out "$DEST"
                  done ;;
   serve-detectors) for extra in "--detector-processes 1" "--detector-processes 2" "--detector-processes 3" \

@@ -4,7 +4,8 @@ A/B/A with `--rounds 1`, A/B/A/B/A with 2), so that a machine whose load drifts 
 
 Reports requests/s, faces/s, p50/p95/p99 latency and faces per generator call (from the server's /metrics) per
 phase and per kind over all rounds, and the ratio of the K-client throughput to the one-at-a-time throughput
-(requests over wall time, all phases of a kind together); the JSON goes to benchmarks/results/
+(requests over wall time, all phases of a kind together; a server's first round of K clients pays its
+first-time costs under load, the second is its steady state); the JSON goes to benchmarks/results/
 (results_file.write_result). Requests are single-face photos built from the bundled ones
 (JPEG, as users send them). Per phase also the CPU time per request of the clients (spread over processes, one per
 8 clients, so that their own GIL does not set the pace) and of the server's processes (`server_cores_busy`: how many
@@ -17,7 +18,7 @@ CPU, as measured here (2 cores; `--generator-calls 1` for the server's earlier o
 H200 (the target: >= 500 faces/s from 64 concurrent single-face clients, p99 <= 300 ms; `bash
 benchmarks/gpu_tables.sh serve` runs exactly this):
     python benchmarks/serve_load.py --device cuda --model GPEN-BFR-512 --weights synthetic --preset speed \\
-        --detector mtcnn --clients 64 --requests 2048 --sequential-requests 64 --rounds 1 --batch-size 64 \\
+        --detector mtcnn --clients 64 --requests 2048 --sequential-requests 64 --rounds 2 --batch-size 64 \\
         --max-wait-ms 5
 """
 
