@@ -38,6 +38,9 @@
 #                  itself, and the ceiling of the request path), A/B/A/B
 #   serve-profile  the 64 clients under --mps with py-spy on the server and its request processes, summarised per
 #                  thread (benchmarks/pyspy_summary.py): where the request path's CPU goes
+#   targets        the speed and service targets in one call (~8 minutes on an H200): every door of `gpen-tune
+#                  enhance` (benchmarks/doors.py, the Solvay photo from $IMAGE or the shared data), then the 64 clients
+#                  under --mps, two rounds, and at strength 0 (no generator call)
 #   enhance-detectors the folder and long video commands with --detector-processes 2 against the default, interleaved
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -129,6 +132,10 @@ case "$PART" in
                  load64 --server-args=--mps --tag mps-pyspy --py-spy "$DEST/serve-mps.folded"
                  run "$PY" benchmarks/pyspy_summary.py "$DEST/serve-mps.folded" --depth 3 --top 8 --tag serve_pyspy \
                    --out "$DEST" ;;
+  targets)       doors=(); [[ -n "${IMAGE:-}" ]] && doors=(--image "$IMAGE")
+                 run timeout 290 "$PY" benchmarks/doors.py "${doors[@]}" --out "$DEST"
+                 load64 --server-args=--mps --tag mps
+                 load64 --server-args=--mps --strength 0 --tag mps-strength0 ;;
   enhance-detectors) run timeout 590 "$PY" benchmarks/doors_ab.py --code . --code . --code-extra "" \
                    --code-extra "--detector-processes 2" --only folder,clip_one,clip_group --video-frames 1440 \
                    --rounds 1 --tag detector-processes --out "$DEST" ;;
