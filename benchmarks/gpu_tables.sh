@@ -41,6 +41,8 @@
 #   targets        the speed and service targets in one call (~8 minutes on an H200): every door of `gpen-tune
 #                  enhance` (benchmarks/doors.py, the Solvay photo from $IMAGE or the shared data), then the 64 clients
 #                  under --mps, two rounds, and at strength 0 (no generator call)
+#   serve-request-sweep the 64 clients under --mps against 4, 8 and 12 request processes, then 4 again (each ~6.4 GiB
+#                  beside the generator's ~27: 8 and 12 need more than an H100's 80 GB, e.g. an H200's 141)
 #   enhance-detectors the folder and long video commands with --detector-processes 2 against the default, interleaved
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -136,6 +138,9 @@ case "$PART" in
                  run timeout 290 "$PY" benchmarks/doors.py "${doors[@]}" --out "$DEST"
                  load64 --server-args=--mps --tag mps
                  load64 --server-args=--mps --strength 0 --tag mps-strength0 ;;
+  serve-request-sweep) for n in 4 8 12 4; do
+                   load64 --server-args="--mps --request-processes $n" --tag "mps-rp$n"
+                 done ;;
   enhance-detectors) run timeout 590 "$PY" benchmarks/doors_ab.py --code . --code . --code-extra "" \
                    --code-extra "--detector-processes 2" --only folder,clip_one,clip_group --video-frames 1440 \
                    --rounds 1 --tag detector-processes --out "$DEST" ;;
