@@ -112,8 +112,7 @@ def pipeline():
 
 def _tracks(result) -> list[list[tuple]]:
     """Per frame, each face's (track id, filled by the tracker, score): a failed count's message."""
-    return [[(getattr(f.detection, "track_id", None), getattr(f.detection, "filled", None),
-              round(float(getattr(f.detection, "score", 0.0)), 3)) for f in job.faces]
+    return [[(f.detection.track_id, f.detection.filled, round(f.detection.score, 3)) for f in job.faces]
             for job in sorted(result.summary.results, key=lambda j: j.index)]
 
 
