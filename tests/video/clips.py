@@ -40,14 +40,17 @@ def make_clip(path: Path, n: int = 30, *, size=(320, 240), fps: int = 25, pts_ms
               audio: bool = True, subtitles: bool = True, video: bool = True, codec: str | None = None,
               pix_fmt: str = "yuv420p", rotation: int = 0, colorspace: int | None = None,
               color_range: int | None = None, color_primaries: int | None = None, color_trc: int | None = None,
-              frames=None) -> Path:
-    """Write a clip; `pts_ms`: each frame's time in milliseconds (variable frame rate), else a constant `fps`."""
+              frames=None, lossless: bool = False) -> Path:
+    """Write a clip; `pts_ms`: each frame's time in milliseconds (variable frame rate), else a constant `fps`.
+    `lossless` (libx264): the frames decode exactly as given. A lossy clip's pixels differ from one write to the
+    next (libx264 at its defaults wrote 19 different files from the same 24 frames in 20 writes here), so a test
+    whose result hangs on a detection near the threshold asks for a lossless clip."""
     ext = path.suffix.lstrip(".")
     pts_ms = [round(i * 1000 / fps) for i in range(n)] if pts_ms is None else pts_ms
     out = av.open(str(path), "w")
     vs = None
     if video:
-        vs = out.add_stream(codec or VIDEO_CODEC[ext], rate=fps)
+        vs = out.add_stream(codec or VIDEO_CODEC[ext], rate=fps, options={"qp": "0"} if lossless else {})
         vs.width, vs.height, vs.pix_fmt = size[0], size[1], pix_fmt
         vs.codec_context.time_base = MS
         for attr, value in (("colorspace", colorspace), ("color_range", color_range),
