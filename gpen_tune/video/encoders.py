@@ -14,6 +14,7 @@ from functools import cache
 import av
 import av.error
 
+from gpen_tune.video.x264_cpu import x264_params
 from gpen_tune.video_presets import DEFAULT_ENCODER_PRESET
 
 OUTPUT_FORMATS = {"mp4": "mp4", "mkv": "matroska", "mov": "mov", "webm": "webm"}   # --ext -> FFmpeg muxer
@@ -92,6 +93,7 @@ def quality_options(codec: str, crf: float | None, preset: str | None = None) ->
     opts = {option: f"{default if crf is None else crf:g}"}
     if codec == "libx264":
         opts["preset"] = preset or DEFAULT_ENCODER_PRESET
+        opts |= x264_params()                             # off AVX-512: the same frames write the same pixels
     elif codec == "libx265":
         opts["preset"] = preset or DEFAULT_ENCODER_PRESET
         opts["x265-params"] = "log-level=error"

@@ -21,6 +21,7 @@ from gpen_tune.video import (
     probe,
 )
 from gpen_tune.video.writer import temp_path_for
+from gpen_tune.video.x264_cpu import x264_params
 
 VFR_MS = [0, 40, 80, 150, 190, 230, 330, 370, 410, 450, 520, 560, 600, 640, 700, 740, 780, 820, 900, 940]
 BT709 = dict(colorspace=1, color_range=1, color_primaries=1, color_trc=1)
@@ -233,7 +234,7 @@ def test_writer_refuses_an_encoder_the_container_cannot_hold(tmp_path):
 
 
 def test_pick_encoder_keeps_the_family_at_visually_lossless_quality():
-    assert pick_encoder("h264", "mp4") == ("libx264", {"crf": "18", "preset": "medium"}, None)
+    assert pick_encoder("h264", "mp4") == ("libx264", {"crf": "18", "preset": "medium"} | x264_params(), None)
     codec, opts, note = pick_encoder("hevc", "mkv")
     assert (codec, opts["crf"], note) == ("libx265", "20", None)
     codec, opts, note = pick_encoder("h264", "webm")

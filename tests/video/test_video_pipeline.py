@@ -26,6 +26,7 @@ from gpen_tune.pipeline.api import Pipeline  # noqa: E402
 from gpen_tune.pipeline.settings import EnhanceSettings  # noqa: E402
 from gpen_tune.pipeline.video import enhance_frames, enhance_video  # noqa: E402
 from gpen_tune.video.encoders import pick_encoder  # noqa: E402
+from gpen_tune.video.x264_cpu import x264_params  # noqa: E402
 from gpen_tune.video_presets import ENCODER_PRESETS, encoder_preset_for  # noqa: E402
 
 COMMON = ["--weights", "synthetic", "--model", "GPEN-BFR-256", "--detector", "mtcnn", "--device", "cpu"]
@@ -197,7 +198,7 @@ def test_the_preset_asked_for_else_veryfast_for_speed_else_medium():
     assert encoder_preset_for("slow", "speed") == "slow"
     with pytest.raises(ValueError, match="ultrafast"):
         encoder_preset_for("quick", None)
-    assert pick_encoder("h264", "mp4", preset="ultrafast")[1] == {"crf": "18", "preset": "ultrafast"}
+    assert pick_encoder("h264", "mp4", preset="ultrafast")[1] == {"crf": "18", "preset": "ultrafast"} | x264_params()
     assert pick_encoder("hevc", "mkv", preset="fast")[1]["preset"] == "fast"
     assert "preset" not in pick_encoder("vp9", "webm", preset="fast")[1]          # only x264 / x265 take it
     assert ENCODER_PRESETS[0] == "ultrafast" and ENCODER_PRESETS[-1] == "veryslow"
