@@ -43,6 +43,9 @@
 #                  under --mps, two rounds, and at strength 0 (no generator call)
 #   serve-request-sweep the 64 clients under --mps against 4, 8 and 12 request processes, then 4 again (each ~6.4 GiB
 #                  beside the generator's ~27: 8 and 12 need more than an H100's 80 GB, e.g. an H200's 141)
+#   encoder-repeat x264 on the GPU host's CPU: its own instruction sets against the writer's list without AVX-512,
+#                  A/B x3 on 1080p at veryfast (the video door's encoder), and whether small clips repeat
+#                  (benchmarks/encoder_repeat.py)
 #   enhance-detectors the folder and long video commands with --detector-processes 2 against the default, interleaved
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -141,6 +144,9 @@ case "$PART" in
   serve-request-sweep) for n in 4 8 12 4; do
                    load64 --server-args="--mps --request-processes $n" --tag "mps-rp$n"
                  done ;;
+  encoder-repeat) run timeout 290 "$PY" benchmarks/encoder_repeat.py --size 1920x1080 --frames 48 --writes 3 \
+                   --preset veryfast --x264-params --ab-rounds 3 --out "$DEST"
+                 run timeout 120 "$PY" benchmarks/encoder_repeat.py --size 480x270 --frames 24 --writes 10 --out "$DEST" ;;
   enhance-detectors) run timeout 590 "$PY" benchmarks/doors_ab.py --code . --code . --code-extra "" \
                    --code-extra "--detector-processes 2" --only folder,clip_one,clip_group --video-frames 1440 \
                    --rounds 1 --tag detector-processes --out "$DEST" ;;
