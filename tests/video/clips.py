@@ -13,6 +13,7 @@ from av.video.reformatter import Colorspace
 
 from gpen_tune.face import samples
 from gpen_tune.video.writer import DEFAULT_ASS_HEADER
+from gpen_tune.video.x264_cpu import x264_params
 
 SUBTITLE_CODEC = {"mp4": "mov_text", "mov": "mov_text", "mkv": "ass", "webm": "webvtt"}
 AUDIO_CODEC = {"mp4": "aac", "mov": "aac", "mkv": "aac", "webm": "libopus"}
@@ -42,15 +43,16 @@ def make_clip(path: Path, n: int = 30, *, size=(320, 240), fps: int = 25, pts_ms
               color_range: int | None = None, color_primaries: int | None = None, color_trc: int | None = None,
               frames=None, lossless: bool = False) -> Path:
     """Write a clip; `pts_ms`: each frame's time in milliseconds (variable frame rate), else a constant `fps`.
-    `lossless` (libx264): the frames decode exactly as given. A lossy clip's pixels differ from one write to the
-    next (libx264 at its defaults wrote 19 different files from the same 24 frames in 20 writes here), so a test
-    whose result hangs on a detection near the threshold asks for a lossless clip."""
+    `lossless` (libx264): the frames decode exactly as given. libx264 is kept off AVX-512 as the library's writer
+    keeps it (`gpen_tune.video.x264_cpu`): with it, the same frames wrote other pixels from one write to the next."""
     ext = path.suffix.lstrip(".")
     pts_ms = [round(i * 1000 / fps) for i in range(n)] if pts_ms is None else pts_ms
     out = av.open(str(path), "w")
     vs = None
     if video:
-        vs = out.add_stream(codec or VIDEO_CODEC[ext], rate=fps, options={"qp": "0"} if lossless else {})
+        name = codec or VIDEO_CODEC[ext]
+        options = ({"qp": "0"} if lossless else {}) | (x264_params() if name == "libx264" else {})
+        vs = out.add_stream(name, rate=fps, options=options)
         vs.width, vs.height, vs.pix_fmt = size[0], size[1], pix_fmt
         vs.codec_context.time_base = MS
         for attr, value in (("colorspace", colorspace), ("color_range", color_range),
