@@ -34,7 +34,7 @@ def test_the_h264_writer_carries_the_hosts_list():
     codec, options, _ = pick_encoder("h264", "mp4")
     assert codec == "libx264" and {k: options[k] for k in ("crf", "preset")} == {"crf": "18", "preset": "medium"}
     assert {k: v for k, v in options.items() if k == "x264-params"} == x264_params()
-    assert "asm" not in pick_encoder("hevc", "mkv")[1].get("x265-params", "")           # x265 only as asked
+    assert "asm" not in pick_encoder("hevc", "mkv")[1].get("x265-params", "")           # x265: its own sets
 
 
 def _decoded_digest(path) -> str:
@@ -42,8 +42,8 @@ def _decoded_digest(path) -> str:
 
 
 def test_the_same_frames_write_the_same_pixels_every_time(tmp_path):
-    """A small clip at the default crf 18: with x264's AVX-512 code this host wrote a different file nearly every
-    time (benchmarks/results/20261207-191640_encoder_repeat.json: 6 outputs in 10 writes)."""
+    """A small clip at the default crf 18: with x264's AVX-512 code this host wrote other pixels most times
+    (benchmarks/results/20261207-191640_encoder_repeat.json: 6 outputs in 10 writes)."""
     rng = np.random.default_rng(0)
     frames = [np.clip(f + rng.normal(0, 2.0, f.shape), 0, 255).astype(np.uint8)
               for f in moving_frames(24, (480, 270))]
