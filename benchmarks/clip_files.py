@@ -29,9 +29,12 @@ def pan_frames(src: np.ndarray, n: int, size: tuple[int, int], noise: float = 0.
         yield canvas
 
 
-def write_clip(path: Path, frames, fps: int = 25, crf: int = 18, preset: str | None = None) -> Path:
-    """RGB frames into an H.264 file (libx264 at `crf`, its speed `preset`; swscale's default conversion)."""
-    options = {"crf": str(crf)} | ({"preset": preset} if preset else {})
+def write_clip(path: Path, frames, fps: int = 25, crf: int = 18, preset: str | None = None,
+               options: dict[str, str] | None = None) -> Path:
+    """RGB frames into an H.264 file (libx264 at `crf`, its speed `preset`; swscale's default conversion);
+    `options`: libx264's options as given instead (crf and preset then unused)."""
+    if options is None:
+        options = {"crf": str(crf)} | ({"preset": preset} if preset else {})
     with av.open(str(path), "w") as out:
         stream = None
         for i, img in enumerate(frames):
@@ -48,3 +51,9 @@ def write_clip(path: Path, frames, fps: int = 25, crf: int = 18, preset: str | N
 def decoded(path: Path) -> list[np.ndarray]:
     with av.open(str(path)) as c:
         return [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """PSNR of two uint8 images in dB (inf when equal)."""
+    mse = float(np.mean((a.astype(np.float32) - b.astype(np.float32)) ** 2))
+    return round(10 * np.log10(255.0**2 / mse), 2) if mse else float("inf")

@@ -234,14 +234,9 @@ def big_photo_bytes(run: dict | None) -> int | None:
 # ---------------------------------------------------------------------------------------------------- limits
 
 
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float32) - b.astype(np.float32)) ** 2))
-    return round(10 * np.log10(255.0**2 / mse), 2) if mse else float("inf")
-
-
 def encoder_limits(clip: Path, work: Path) -> dict:
     """libx264 alone on the clip's frames (RGB in, as the pipeline hands them), crf 18, each preset."""
-    from clip_files import decoded, write_clip
+    from clip_files import decoded, psnr, write_clip
 
     t0 = time.perf_counter()
     frames = decoded(clip)

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from clip_files import decoded, pan_frames  # noqa: E402
+from clip_files import decoded, pan_frames, psnr, write_clip  # noqa: E402
 from results_file import write_result  # noqa: E402
 
 from gpen_tune.face import samples  # noqa: E402
@@ -38,27 +38,11 @@ from gpen_tune.video.reader import Frame, VideoReader, probe  # noqa: E402
 from gpen_tune.video.writer import VideoWriter  # noqa: E402
 
 
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
-
-
 def write_with_writer(path: Path, source: Path, frames: list[Frame], preset: str) -> None:
     """As `gpen-tune enhance` writes a video: the source's `VideoInfo`, its frames with their pts."""
     with VideoWriter(path, probe(source), encoder_preset=preset, copy_streams=False, notify=lambda m: None) as writer:
         for frame in frames:
             writer.write(frame.image, frame.pts)
-
-
-def write_bare(path: Path, frames: list[np.ndarray], options: dict[str, str]) -> None:
-    with av.open(str(path), "w") as out:
-        stream = out.add_stream("libx264", rate=25, options=options)
-        stream.width, stream.height, stream.pix_fmt = frames[0].shape[1], frames[0].shape[0], "yuv420p"
-        for i, image in enumerate(frames):
-            frame = av.VideoFrame.from_ndarray(image, format="rgb24").reformat(format="yuv420p")
-            frame.pts = i
-            out.mux(stream.encode(frame))
-        out.mux(stream.encode(None))
 
 
 def repeat(write, frames: list[np.ndarray], writes: int, folder: Path) -> dict:
@@ -83,7 +67,7 @@ def repeat(write, frames: list[np.ndarray], writes: int, folder: Path) -> dict:
         path.unlink()
     return {"distinct_outputs": len(outputs), "output_counts": sorted(outputs.values(), reverse=True),
             "distinct_files": len(files), "max_pixel_difference": apart, "mean_bytes": round(float(np.mean(sizes))),
-            "psnr_db": round(psnr(first, np.stack(frames)), 3),
+            "psnr_db": psnr(first, np.stack(frames)),
             "fps": round(len(frames) / float(np.median(seconds)), 1)}
 
 
@@ -108,17 +92,17 @@ def main() -> int:
     own = {k: v for k, v in options.items() if k != "x264-params"}       # x264 picks its instruction sets
     tmp = tempfile.TemporaryDirectory()
     source = Path(tmp.name) / "source.mp4"
-    write_bare(source, frames, {"qp": "0"})              # lossless in YUV: a source for the writer's `VideoInfo`
+    write_clip(source, frames, options={"qp": "0"})     # lossless in YUV: the writer's source and `VideoInfo`
     read = list(VideoReader(source))
     frames = [f.image for f in read]                    # what every way writes, and what PSNR compares against
     ways = {"writer": lambda p: write_with_writer(p, source, read, args.preset),
-            "x264 own sets": lambda p: write_bare(p, frames, own)}
+            "x264 own sets": lambda p: write_clip(p, frames, options=own)}
     host = options.get("x264-params")                   # the writer's instruction sets (None: x264's own)
     extras = args.x264_params + (["asm=auto", host] * args.ab_rounds if host else [])
     for extra in extras:                                 # a setting named again is timed again (A/B/A)
         name = f"x264 own sets, {extra}"
         name += f" #{sum(k.startswith(name) for k in ways) + 1}" if name in ways else ""
-        ways[name] = lambda p, extra=extra: write_bare(p, frames, own | {"x264-params": extra})
+        ways[name] = lambda p, extra=extra: write_clip(p, frames, options=own | {"x264-params": extra})
     rows = {}
     with tmp:
         for name, write in ways.items():
