@@ -176,18 +176,49 @@ def _union(rois: Sequence[tuple[int, int, int, int]]) -> tuple[int, int, int, in
     return min(r[0] for r in rois), min(r[1] for r in rois), max(r[2] for r in rois), max(r[3] for r in rois)
 
 
+def _meets(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def overlapping_groups(rois: Sequence[tuple[int, int, int, int]]) -> list[list[int]]:
+    """The indices of `rois` in groups whose rectangles meet, directly or through others of the group: no mask of
+    one group reaches a region of another, so each group blends on its own."""
+    parent = list(range(len(rois)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in range(len(rois)):
+        for j in range(i):
+            if _meets(rois[i], rois[j]):
+                parent[root(i)] = root(j)
+    groups: dict[int, list[int]] = {}
+    for i in range(len(rois)):
+        groups.setdefault(root(i), []).append(i)
+    return list(groups.values())
+
+
 def paste_faces(base: np.ndarray, faces: list[PasteFace], strength: float = 1.0) -> np.ndarray:
     """A copy of `base` [H, W, 3] (uint8 or uint16) with every face blended in by `strength` in [0, 1] (the
-    normalised rule of the module docstring; sums over the union box of the faces' regions, not the frame)."""
+    normalised rule of the module docstring). The sums run over each group of overlapping regions' own box, never
+    the frame: faces spread over a large photo cost their regions, not the box around all of them."""
     out = base.copy()
     if strength <= 0 or not faces:
         return out
     strength = min(float(strength), 1.0)
-    scale, top = _value_scale(base.dtype)
     h, w = base.shape[:2]
     placed = list(_warped_masks(faces, w, h))
-    if not placed:
-        return out
+    for group in overlapping_groups([roi for _, roi, _, _ in placed]):
+        _blend_group(out, base, [placed[i] for i in group], strength)
+    return out
+
+
+def _blend_group(out: np.ndarray, base: np.ndarray, placed: list, strength: float) -> None:
+    """Blend one group of overlapping faces (`_warped_masks` items) into `out`, region by region."""
+    scale, top = _value_scale(base.dtype)
     ux0, uy0, ux1, uy1 = _union([roi for _, roi, _, _ in placed])
     total = np.zeros((uy1 - uy0, ux1 - ux0), np.float32)
     acc = np.zeros((uy1 - uy0, ux1 - ux0, 3), np.float32)
@@ -197,12 +228,14 @@ def paste_faces(base: np.ndarray, faces: list[PasteFace], strength: float = 1.0)
         bg = base[y0:y1, x0:x1].astype(np.float32)
         total[y0 - uy0:y1 - uy0, x0 - ux0:x1 - ux0] += m
         acc[y0 - uy0:y1 - uy0, x0 - ux0:x1 - ux0] += m[..., None] * (pixels * np.float32(scale) - bg)
-    touched = total > 0
     bg = base[uy0:uy1, ux0:ux1].astype(np.float32)
     ratio = np.float32(strength) / np.maximum(total, np.float32(1.0))
-    blended = bg + acc * ratio[..., None]
-    out[uy0:uy1, ux0:ux1][touched] = np.clip(np.rint(blended[touched]), 0, top).astype(base.dtype)
-    return out
+    blended = np.clip(np.rint(bg + acc * ratio[..., None]), 0, top).astype(base.dtype)
+    # each region whole: where no mask reaches, acc is (+-)0 and the blend is bg exactly, so those pixels keep
+    # their values (selecting the touched pixels by a boolean mask cost half the paste); pixels of the box
+    # outside every region of the group may belong to another group's region and are not written
+    for _, (x0, y0, x1, y1), _, _ in placed:
+        out[y0:y1, x0:x1] = blended[y0 - uy0:y1 - uy0, x0 - ux0:x1 - ux0]
 
 
 def blend_weights(shape: tuple[int, int], faces: Sequence[PasteFace | DeviceFace], strength: float = 1.0,

@@ -25,9 +25,11 @@ from gpen_tune.face.paste import (
     default_mask,
     face_mask,
     image_scale,
+    overlapping_groups,
     paste_faces,
     paste_faces_device,
     paste_faces_full_frame,
+    paste_region,
 )
 from gpen_tune.imageio import Picture
 
@@ -122,6 +124,24 @@ def test_lone_face_blends_by_its_mask_and_the_rest_is_untouched():
     everyone = paste_faces(canvas, list(faces))
     outside = blend_weights(canvas.shape, faces) == 0
     assert np.array_equal(everyone[outside], canvas[outside]) and outside.sum() > 10000
+
+
+def test_a_face_inside_the_box_of_another_group_is_pasted_as_if_alone():
+    """Faces blend group by group (regions that meet, through others too); a lone face sitting inside the box
+    around a chain of faces is neither overwritten by nor mixed into the chain's blend, whichever comes first."""
+    crops = samples.aligned_face_crops(SIZE)
+    lone = (650, 110)                                                # inside the chain's box, meeting none of it
+    chain = [(110, 110), (290, 290), (470, 470), (650, 650)]          # neighbours' regions overlap, ends do not
+    faces = [PasteFace(crops[i % len(crops)][:, ::-1].copy(), _inverse(cx, cy, 0.8, 5))
+             for i, (cx, cy) in enumerate([lone, *chain])]
+    base = np.full((800, 800, 3), samples.BACKGROUND, np.uint8)
+    rois = [paste_region(f.inverse, SIZE, 800, 800) for f in faces]
+    assert overlapping_groups(rois) == [[0], [1, 2, 3, 4]]
+    everyone = paste_faces(base, faces, 0.9)
+    one_by_one = paste_faces(paste_faces(base, faces[1:], 0.9), faces[:1], 0.9)
+    assert np.array_equal(everyone, one_by_one)
+    x0, y0, x1, y1 = rois[0]
+    assert (everyone[y0:y1, x0:x1] != base[y0:y1, x0:x1]).any(axis=2).mean() > 0.3   # the lone face is there
 
 
 def test_full_frame_comparison_paste_follows_the_same_rule():

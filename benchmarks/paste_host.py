@@ -1,0 +1,139 @@
+"""The host paste (`gpen_tune.face.paste.paste_faces`) on real photos, checkouts interleaved A/B/A.
+
+The faces are the offline MTCNN's detections aligned as `gpen-tune enhance` aligns them; each restored face is its
+own aligned crop with its pixels reversed (so the paste changes the image). Cases: the service's request (one face
+of the bundled astronaut, 512 crop), the bundled photos' 12-face mosaic, and `--image` (e.g. the Solvay photo).
+Each checkout runs in a fresh process per round; every round's outputs must be the same pixels in every checkout
+(a checksum per case), else the run fails.
+
+    python benchmarks/paste_host.py --code <checkout A> --code <checkout B> [--image solvay.png] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_file import write_result  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cases(image: Path | None, size: int) -> dict:
+    """name -> (image [H, W, 3] uint8, faces as (crop, inverse)): the detector and alignment of `enhance`."""
+    import numpy as np
+
+    from gpen_tune.face import samples
+    from gpen_tune.face.align import alignment, warp_crop
+    from gpen_tune.face.detect import init_detector
+    from gpen_tune.imageio import read_image
+
+    photos = {"one face (astronaut)": samples.astronaut(), "mosaic, 12 faces": samples.mosaic(12, 0)}
+    if image is not None:
+        photos[image.name] = read_image(str(image)).rgb
+    det = init_detector("mtcnn", device="cpu")
+    try:
+        found = det.detect(list(photos.values()))
+    finally:
+        det.close()
+    out = {}
+    for (name, img), dets in zip(photos.items(), found, strict=True):
+        faces = []
+        for d in dets:
+            affine, inverse = alignment(d.landmarks, size)
+            faces.append((np.ascontiguousarray(warp_crop(img, affine, size)[:, ::-1]), inverse))
+        out[name] = (img, faces)
+    return out
+
+
+def child(args: argparse.Namespace) -> None:
+    """In a checkout's process: time `paste_faces` per case; print one JSON line."""
+    import cv2
+
+    from gpen_tune.face.paste import PasteFace, paste_faces
+
+    cv2.setNumThreads(args.cv_threads)
+    result = {}
+    for name, (img, faces) in cases(args.image, args.size).items():
+        pasted = [PasteFace(c, inv) for c, inv in faces]
+        out = paste_faces(img, pasted, 1.0)
+        times = []
+        for _ in range(args.repeats):
+            t = time.perf_counter()
+            paste_faces(img, pasted, 1.0)
+            times.append(time.perf_counter() - t)
+        result[name] = {"faces": len(faces), "pixels": img.shape[0] * img.shape[1],
+                        "median_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3,
+                        "sha256": hashlib.sha256(out.tobytes()).hexdigest()}
+    print(json.dumps(result))
+
+
+def commit(code: Path) -> str:
+    """The checkout's commit (with "+changes" where its gpen_tune differs), or its folder's name (an archive)."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(code), *args], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    top = git("rev-parse", "--show-toplevel")
+    if not top or Path(top).resolve() != code:
+        return code.name                                  # not a checkout of its own: an archive's folder
+    return git("rev-parse", "--short", "HEAD") + ("+changes" if git("status", "--porcelain", "gpen_tune") else "")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--code", type=Path, action="append", default=None,
+                    help="a checkout whose gpen_tune is timed (repeat for A/B; default: this one)")
+    ap.add_argument("--image", type=Path, default=None, help="another photo to paste its faces back into")
+    ap.add_argument("--size", type=int, default=512, help="the crop size (the generator's)")
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cv-threads", type=int, default=1, help="OpenCV's threads (1: as one request's thread)")
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args)
+        return
+    codes = [c.resolve() for c in (args.code or [REPO])]
+    argv = sys.argv[1:]
+    own = ["--size", str(args.size), "--repeats", str(args.repeats), "--cv-threads", str(args.cv_threads)]
+    if args.image is not None:
+        own += ["--image", str(args.image.resolve())]
+    runs = []
+    for r in range(args.rounds):
+        for code in codes:
+            env = dict(os.environ, PYTHONPATH=str(code))
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--child", *own]
+            done = subprocess.run(cmd, env=env, cwd=code, capture_output=True, text=True)
+            if done.returncode:
+                sys.exit(f"{code}: the timing process failed:\n{done.stderr}")
+            line = done.stdout
+            runs.append({"round": r + 1, "code": str(code), "commit": commit(code),
+                         "cases": json.loads(line.splitlines()[-1])})
+            print(f"round {r + 1} {runs[-1]['commit']}: " + ", ".join(
+                f"{k} {v['median_ms']:.2f} ms" for k, v in runs[-1]["cases"].items()), flush=True)
+    sums = {(name, case["sha256"]) for run in runs for name, case in run["cases"].items()}
+    same = len(sums) == len(runs[0]["cases"])
+    result = {"command": "python benchmarks/" + Path(__file__).name + " " + shlex.join(argv),
+              "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+              "load_1min": os.getloadavg()[0], "same_pixels_in_every_run": same, "runs": runs}
+    path = write_result(args.out, "paste_host" + (f"_{args.tag}" if args.tag else ""), result)
+    print(f"same pixels in every run: {same}\n{path}")
+    if not same:
+        sys.exit("the checkouts pasted different pixels")
+
+
+if __name__ == "__main__":
+    main()
