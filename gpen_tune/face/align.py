@@ -101,20 +101,26 @@ def warp_crop(image: np.ndarray, affine: np.ndarray, size: int) -> np.ndarray:
     """SxS bilinear crop at the fixed-point positions of `crop_tables`, through OpenCV's integer remap (weights
     (32 - fx)(32 - fy) ... in 1/1024, rounded half up). Border pixels are replicated, so a face at the image edge
     does not bleed black into the restored crop (and back into the image through the paste's interpolation)."""
-    t = crop_tables(affine, size)
-    x = t[1][:, None] + t[0][None, :]                      # int32 [S, S]
-    y = t[3][:, None] + t[2][None, :]
-    whole = np.empty((size, size, 2), np.int16)
-    if max(abs(int(v)) for v in (x.min(), x.max(), y.min(), y.max())) >> SUBPIXEL_BITS < 32767:
-        np.right_shift(x, SUBPIXEL_BITS, out=whole[..., 0], casting="unsafe")
-        np.right_shift(y, SUBPIXEL_BITS, out=whole[..., 1], casting="unsafe")
-    else:                                                  # positions beyond int16: saturate, as OpenCV does
-        whole[..., 0] = np.clip(x >> SUBPIXEL_BITS, -32768, 32767)
-        whole[..., 1] = np.clip(y >> SUBPIXEL_BITS, -32768, 32767)
-    frac = (y & (SUBPIXEL - 1)).astype(np.uint16)
-    frac <<= SUBPIXEL_BITS
-    frac |= (x & (SUBPIXEL - 1)).astype(np.uint16)
+    whole, frac = remap_tables(crop_tables(affine, size))
     return cv2.remap(image, whole, frac, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+
+
+FLOAT_EXACT_TABLE = 1 << 23      # |table entries| below this: the entries / 32 and their sums are exact in float32
+
+
+def remap_tables(t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """OpenCV's fixed-point remap maps of `crop_tables` t: whole pixels [S, S, 2] int16 (saturated, as OpenCV does)
+    and fractions [S, S] uint16 (fy * 32 + fx). Built by `cv2.convertMaps` from float32 maps where those hold the
+    positions exactly (every real face: 4x cheaper than integer numpy), else in int32."""
+    if int(np.abs(t).max()) < FLOAT_EXACT_TABLE:
+        f = t.astype(np.float32) / np.float32(SUBPIXEL)              # multiples of 1/32, exact
+        return cv2.convertMaps(np.add.outer(f[1], f[0]), np.add.outer(f[3], f[2]), cv2.CV_16SC2)
+    x = t[1][:, None].astype(np.int64) + t[0][None, :]
+    y = t[3][:, None].astype(np.int64) + t[2][None, :]
+    whole = np.stack([np.clip(x >> SUBPIXEL_BITS, -32768, 32767), np.clip(y >> SUBPIXEL_BITS, -32768, 32767)],
+                     -1).astype(np.int16)
+    frac = ((y & (SUBPIXEL - 1)) << SUBPIXEL_BITS | (x & (SUBPIXEL - 1))).astype(np.uint16)
+    return whole, frac
 
 
 def face_tables(affines: list[np.ndarray], size: int) -> np.ndarray:

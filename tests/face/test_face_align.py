@@ -143,6 +143,13 @@ def test_crop_is_the_fixed_point_definition_on_real_faces_and_borders():
     np.testing.assert_array_equal(warp_crop(img, far, 8), np.broadcast_to(img[-1, -1], (8, 8, 3)))
     huge = np.array([[0.001, 0.0, 0.0], [0.0, 0.001, 0.0]])               # positions beyond int16 (saturated)
     np.testing.assert_array_equal(warp_crop(img, huge, 64), _reference_crop(img, huge, 64))
+    # table terms too large for float32's exact maps, whose sums still land in the image (column 500 reads x = 0)
+    a = 2000 + 1 / 64                                         # odd table entries beyond 2**24: not exact in float32
+    wide = invert_affine(np.array([[a, 0.0, -a * 500 + 0.5 + 1 / 32], [0.0, 1.0, 3.0]]))
+    got = warp_crop(img, wide, 512)
+    np.testing.assert_array_equal(got, _reference_crop(img, wide, 512))
+    p0, p1 = img[3:512, 0].astype(int), img[3:512, 1].astype(int)             # column 500 reads x = 17/32
+    np.testing.assert_array_equal(got[:509, 500], (15 * 32 * p0 + 17 * 32 * p1 + 512) >> 10)
 
 
 def test_device_crop_twin_equals_warp_crop():

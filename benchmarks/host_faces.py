@@ -1,12 +1,13 @@
-"""The host paste (`gpen_tune.face.paste.paste_faces`) on real photos, checkouts interleaved A/B/A.
+"""The host's per-face steps on real photos, checkouts interleaved A/B/A: cutting the faces
+(`gpen_tune.face.align.cut_faces`) and pasting them back (`gpen_tune.face.paste.paste_faces`).
 
 The faces are the offline MTCNN's detections aligned as `gpen-tune enhance` aligns them; each restored face is its
 own aligned crop with its pixels reversed (so the paste changes the image). Cases: the service's request (one face
 of the bundled astronaut, 512 crop), the bundled photos' 12-face mosaic, and `--image` (e.g. the Solvay photo).
-Each checkout runs in a fresh process per round; every round's outputs must be the same pixels in every checkout
-(a checksum per case), else the run fails.
+Each checkout runs in a fresh process per round; every round's crops and pastes must be the same pixels in every
+checkout (a checksum per case and step), else the run fails.
 
-    python benchmarks/paste_host.py --code <checkout A> --code <checkout B> [--image solvay.png] [--rounds 3]
+    python benchmarks/host_faces.py --code <checkout A> --code <checkout B> [--image solvay.png] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_file import write_result  # noqa: E402
@@ -30,11 +32,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def cases(image: Path | None, size: int) -> dict:
-    """name -> (image [H, W, 3] uint8, faces as (crop, inverse)): the detector and alignment of `enhance`."""
-    import numpy as np
-
+    """name -> (image [H, W, 3] uint8, each face's alignment affine): the detector and alignment of `enhance`."""
     from gpen_tune.face import samples
-    from gpen_tune.face.align import alignment, warp_crop
+    from gpen_tune.face.align import alignment
     from gpen_tune.face.detect import init_detector
     from gpen_tune.imageio import read_image
 
@@ -46,35 +46,40 @@ def cases(image: Path | None, size: int) -> dict:
         found = det.detect(list(photos.values()))
     finally:
         det.close()
-    out = {}
-    for (name, img), dets in zip(photos.items(), found, strict=True):
-        faces = []
-        for d in dets:
-            affine, inverse = alignment(d.landmarks, size)
-            faces.append((np.ascontiguousarray(warp_crop(img, affine, size)[:, ::-1]), inverse))
-        out[name] = (img, faces)
-    return out
+    return {name: (img, [alignment(d.landmarks, size)[0] for d in dets])
+            for (name, img), dets in zip(photos.items(), found, strict=True)}
+
+
+def timed(step, repeats: int) -> tuple[Any, dict]:
+    """step()'s result and its median / best time in ms over `repeats` calls after a first."""
+    out = step()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    return out, {"median_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3}
 
 
 def child(args: argparse.Namespace) -> None:
-    """In a checkout's process: time `paste_faces` per case; print one JSON line."""
+    """In a checkout's process: time `cut_faces` and `paste_faces` per case; print one JSON line."""
     import cv2
+    import numpy as np
 
+    from gpen_tune.face.align import cut_faces, invert_affine
     from gpen_tune.face.paste import PasteFace, paste_faces
 
     cv2.setNumThreads(args.cv_threads)
     result = {}
-    for name, (img, faces) in cases(args.image, args.size).items():
-        pasted = [PasteFace(c, inv) for c, inv in faces]
-        out = paste_faces(img, pasted, 1.0)
-        times = []
-        for _ in range(args.repeats):
-            t = time.perf_counter()
-            paste_faces(img, pasted, 1.0)
-            times.append(time.perf_counter() - t)
-        result[name] = {"faces": len(faces), "pixels": img.shape[0] * img.shape[1],
-                        "median_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3,
-                        "sha256": hashlib.sha256(out.tobytes()).hexdigest()}
+    for name, (img, affines) in cases(args.image, args.size).items():
+        crops, cut = timed(lambda img=img, affines=affines: cut_faces(img, affines, args.size), args.repeats)
+        faces = [PasteFace(np.ascontiguousarray(c[:, ::-1]), invert_affine(a)) for c, a in zip(crops, affines,
+                                                                                                 strict=True)]
+        out, paste = timed(lambda img=img, faces=faces: paste_faces(img, faces, 1.0), args.repeats)
+        crops_sum = hashlib.sha256(b"".join(c.tobytes() for c in crops)).hexdigest()
+        result[name] = {"faces": len(affines), "pixels": img.shape[0] * img.shape[1],
+                        "cut": {**cut, "sha256": crops_sum},
+                        "paste": {**paste, "sha256": hashlib.sha256(out.tobytes()).hexdigest()}}
     print(json.dumps(result))
 
 
@@ -123,16 +128,18 @@ def main() -> None:
             runs.append({"round": r + 1, "code": str(code), "commit": commit(code),
                          "cases": json.loads(line.splitlines()[-1])})
             print(f"round {r + 1} {runs[-1]['commit']}: " + ", ".join(
-                f"{k} {v['median_ms']:.2f} ms" for k, v in runs[-1]["cases"].items()), flush=True)
-    sums = {(name, case["sha256"]) for run in runs for name, case in run["cases"].items()}
-    same = len(sums) == len(runs[0]["cases"])
+                f"{k} cut {v['cut']['median_ms']:.2f} / paste {v['paste']['median_ms']:.2f} ms"
+                for k, v in runs[-1]["cases"].items()), flush=True)
+    sums = {(name, step, case[step]["sha256"]) for run in runs for name, case in run["cases"].items()
+            for step in ("cut", "paste")}
+    same = len(sums) == 2 * len(runs[0]["cases"])
     result = {"command": "python benchmarks/" + Path(__file__).name + " " + shlex.join(argv),
               "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
               "load_1min": os.getloadavg()[0], "same_pixels_in_every_run": same, "runs": runs}
-    path = write_result(args.out, "paste_host" + (f"_{args.tag}" if args.tag else ""), result)
+    path = write_result(args.out, "host_faces" + (f"_{args.tag}" if args.tag else ""), result)
     print(f"same pixels in every run: {same}\n{path}")
     if not same:
-        sys.exit("the checkouts pasted different pixels")
+        sys.exit("the checkouts cut or pasted different pixels")
 
 
 if __name__ == "__main__":
