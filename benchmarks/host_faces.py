@@ -5,9 +5,11 @@ The faces are the offline MTCNN's detections aligned as `gpen-tune enhance` alig
 own aligned crop with its pixels reversed (so the paste changes the image). Cases: the service's request (one face
 of the bundled astronaut, 512 crop), the bundled photos' 12-face mosaic, and `--image` (e.g. the Solvay photo).
 Each checkout runs in a fresh process per round; every round's crops and pastes must be the same pixels in every
-checkout (a checksum per case and step), else the run fails.
+checkout (a checksum per case and step), else the run fails. `--beside N`: the steps timed beside N threads that
+only hold the GIL, at the service's GIL switch interval (a request process's other requests under load).
 
     python benchmarks/host_faces.py --code <checkout A> --code <checkout B> [--image solvay.png] [--rounds 3]
+        [--beside 0]
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results_file import write_result  # noqa: E402
+from timing import gil_holders  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,23 +67,33 @@ def timed(step, repeats: int) -> tuple[Any, dict]:
 def child(args: argparse.Namespace) -> None:
     """In a checkout's process: time `cut_faces` and `paste_faces` per case; print one JSON line."""
     import cv2
+
+    from gpen_tune.pipeline.threads import SWITCH_INTERVAL_S
+
+    cv2.setNumThreads(args.cv_threads)
+    if args.beside:
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+    result = {}
+    for name, (img, affines) in cases(args.image, args.size).items():
+        with gil_holders(args.beside):
+            result[name] = steps(img, affines, args)
+    print(json.dumps(result))
+
+
+def steps(img: Any, affines: list, args: argparse.Namespace) -> dict:
+    """The timings and checksums of one photo's cut and paste."""
     import numpy as np
 
     from gpen_tune.face.align import cut_faces, invert_affine
     from gpen_tune.face.paste import PasteFace, paste_faces
 
-    cv2.setNumThreads(args.cv_threads)
-    result = {}
-    for name, (img, affines) in cases(args.image, args.size).items():
-        crops, cut = timed(lambda img=img, affines=affines: cut_faces(img, affines, args.size), args.repeats)
-        faces = [PasteFace(np.ascontiguousarray(c[:, ::-1]), invert_affine(a)) for c, a in zip(crops, affines,
-                                                                                                 strict=True)]
-        out, paste = timed(lambda img=img, faces=faces: paste_faces(img, faces, 1.0), args.repeats)
-        crops_sum = hashlib.sha256(b"".join(c.tobytes() for c in crops)).hexdigest()
-        result[name] = {"faces": len(affines), "pixels": img.shape[0] * img.shape[1],
-                        "cut": {**cut, "sha256": crops_sum},
-                        "paste": {**paste, "sha256": hashlib.sha256(out.tobytes()).hexdigest()}}
-    print(json.dumps(result))
+    crops, cut = timed(lambda: cut_faces(img, affines, args.size), args.repeats)
+    faces = [PasteFace(np.ascontiguousarray(c[:, ::-1]), invert_affine(a)) for c, a in zip(crops, affines,
+                                                                                             strict=True)]
+    out, paste = timed(lambda: paste_faces(img, faces, 1.0), args.repeats)
+    crops_sum = hashlib.sha256(b"".join(c.tobytes() for c in crops)).hexdigest()
+    return {"faces": len(affines), "pixels": img.shape[0] * img.shape[1], "cut": {**cut, "sha256": crops_sum},
+            "paste": {**paste, "sha256": hashlib.sha256(out.tobytes()).hexdigest()}}
 
 
 def commit(code: Path) -> str:
@@ -104,6 +117,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cv-threads", type=int, default=1, help="OpenCV's threads (1: as one request's thread)")
+    ap.add_argument("--beside", type=int, default=0, help="threads holding the GIL while the steps run")
     ap.add_argument("--tag", default="")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -113,7 +127,8 @@ def main() -> None:
         return
     codes = [c.resolve() for c in (args.code or [REPO])]
     argv = sys.argv[1:]
-    own = ["--size", str(args.size), "--repeats", str(args.repeats), "--cv-threads", str(args.cv_threads)]
+    own = ["--size", str(args.size), "--repeats", str(args.repeats), "--cv-threads", str(args.cv_threads),
+           "--beside", str(args.beside)]
     if args.image is not None:
         own += ["--image", str(args.image.resolve())]
     runs = []

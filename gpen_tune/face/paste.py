@@ -218,24 +218,42 @@ def paste_faces(base: np.ndarray, faces: list[PasteFace], strength: float = 1.0)
 
 def _blend_group(out: np.ndarray, base: np.ndarray, placed: list, strength: float) -> None:
     """Blend one group of overlapping faces (`_warped_masks` items) into `out`, region by region."""
-    scale, top = _value_scale(base.dtype)
+    scale, _ = _value_scale(base.dtype)
+    if len(placed) == 1:                     # most groups: the sums of one face are its own terms, bit for bit
+        face, (x0, y0, x1, y1), shift, m = placed[0]
+        bg = base[y0:y1, x0:x1].astype(np.float32)
+        acc = m[..., None] * (_warped_face(face, shift, x1 - x0, y1 - y0, scale) - bg)
+        out[y0:y1, x0:x1] = _rounded(bg, acc * (np.float32(strength) / np.maximum(m, np.float32(1.0)))[..., None],
+                                     base.dtype)
+        return
     ux0, uy0, ux1, uy1 = _union([roi for _, roi, _, _ in placed])
     total = np.zeros((uy1 - uy0, ux1 - ux0), np.float32)
     acc = np.zeros((uy1 - uy0, ux1 - ux0, 3), np.float32)
     for face, (x0, y0, x1, y1), shift, m in placed:
-        pixels = cv2.warpAffine(face.restored.astype(np.float32), shift, (x1 - x0, y1 - y0),
-                                flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
         bg = base[y0:y1, x0:x1].astype(np.float32)
         total[y0 - uy0:y1 - uy0, x0 - ux0:x1 - ux0] += m
-        acc[y0 - uy0:y1 - uy0, x0 - ux0:x1 - ux0] += m[..., None] * (pixels * np.float32(scale) - bg)
+        acc[y0 - uy0:y1 - uy0, x0 - ux0:x1 - ux0] += m[..., None] * (_warped_face(face, shift, x1 - x0, y1 - y0,
+                                                                                  scale) - bg)
     bg = base[uy0:uy1, ux0:ux1].astype(np.float32)
-    ratio = np.float32(strength) / np.maximum(total, np.float32(1.0))
-    blended = np.clip(np.rint(bg + acc * ratio[..., None]), 0, top).astype(base.dtype)
+    blended = _rounded(bg, acc * (np.float32(strength) / np.maximum(total, np.float32(1.0)))[..., None], base.dtype)
     # each region whole: where no mask reaches, acc is (+-)0 and the blend is bg exactly, so those pixels keep
     # their values (selecting the touched pixels by a boolean mask cost half the paste); pixels of the box
     # outside every region of the group may belong to another group's region and are not written
     for _, (x0, y0, x1, y1), _, _ in placed:
         out[y0:y1, x0:x1] = blended[y0 - uy0:y1 - uy0, x0 - ux0:x1 - ux0]
+
+
+def _warped_face(face: PasteFace | DeviceFace, shift: np.ndarray, w: int, h: int, scale: float) -> np.ndarray:
+    """The restored crop warped into its region [h, w, 3] float32, in the base's value range."""
+    pixels = cv2.warpAffine(face.restored.astype(np.float32), shift, (w, h), flags=cv2.INTER_LINEAR,
+                            borderMode=cv2.BORDER_REPLICATE)
+    return pixels if scale == 1.0 else pixels * np.float32(scale)
+
+
+def _rounded(bg: np.ndarray, delta: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """bg + delta rounded half to even and saturated to `dtype` (uint8 / uint16): one OpenCV call, the same values
+    as numpy's add, rint, clip and cast (each of those gave the GIL up and waited to take it back)."""
+    return cv2.add(bg, delta, dtype=cv2.CV_8U if dtype == np.uint8 else cv2.CV_16U)
 
 
 def blend_weights(shape: tuple[int, int], faces: Sequence[PasteFace | DeviceFace], strength: float = 1.0,

@@ -144,6 +144,22 @@ def test_a_face_inside_the_box_of_another_group_is_pasted_as_if_alone():
     assert (everyone[y0:y1, x0:x1] != base[y0:y1, x0:x1]).any(axis=2).mean() > 0.3   # the lone face is there
 
 
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
+def test_a_face_with_an_empty_mask_changes_no_pixel(dtype):
+    """A lone face is blended on its own; joined by an overlapping face whose mask is zero everywhere it goes
+    through the group's sums instead, and every pixel stays the same (8 and 16 bits)."""
+    canvas, faces = overlap_mosaic()
+    base = canvas.astype(dtype) * (257 if dtype == np.uint16 else 1)
+    lone = faces[0]
+    empty = PasteFace(faces[1].restored, lone.inverse @ np.diag([1.0, 1.0, 1.0]) + [[0, 0, 9], [0, 0, 5]],
+                      np.zeros((SIZE, SIZE), np.float32))
+    assert overlapping_groups([paste_region(f.inverse, SIZE, 420, 300) for f in (lone, empty)]) == [[0, 1]]
+    for strength in (1.0, 0.55):
+        alone = paste_faces(base, [lone], strength)
+        assert np.array_equal(paste_faces(base, [lone, empty], strength), alone)
+        assert (alone != base).any()
+
+
 def test_full_frame_comparison_paste_follows_the_same_rule():
     canvas, faces = overlap_mosaic()
     assert np.abs(paste_faces_full_frame(canvas, list(faces), 0.9).astype(int) -
