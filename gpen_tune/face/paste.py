@@ -209,6 +209,7 @@ def paste_faces(base: np.ndarray, faces: list[PasteFace], strength: float = 1.0)
     if strength <= 0 or not faces:
         return out
     strength = min(float(strength), 1.0)
+    _value_scale(base.dtype)                                  # an unsupported base fails here, faces or not
     h, w = base.shape[:2]
     placed = list(_warped_masks(faces, w, h))
     for group in overlapping_groups([roi for _, roi, _, _ in placed]):
