@@ -119,7 +119,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--code", type=Path, action="append", default=None,
                     help="a checkout whose gpen_tune is timed (repeat for A/B; default: this one)")
-    ap.add_argument("--image", type=Path, default=None, help="another photo to paste its faces back into")
+    ap.add_argument("--image", type=Path, default=None, help="another photo to find, cut and paste faces in")
     ap.add_argument("--size", type=int, default=512, help="the crop size (the generator's)")
     ap.add_argument("--repeats", type=int, default=50, help="timed calls of the cut and the paste")
     ap.add_argument("--detect-repeats", type=int, default=10, help="timed calls of the detector")
@@ -149,9 +149,8 @@ def main() -> None:
             done = subprocess.run(cmd, env=env, cwd=code, capture_output=True, text=True)
             if done.returncode:
                 sys.exit(f"{code}: the timing process failed:\n{done.stderr}")
-            line = done.stdout
             runs.append({"round": r + 1, "code": str(code), "commit": commit(code),
-                         "cases": json.loads(line.splitlines()[-1])})
+                         "cases": json.loads(done.stdout.splitlines()[-1])})
             print(f"round {r + 1} {runs[-1]['commit']}: " + ", ".join(
                 f"{k} detect {v['detect']['median_ms']:.1f} / cut {v['cut']['median_ms']:.2f} / paste "
                 f"{v['paste']['median_ms']:.2f} ms"
@@ -163,7 +162,7 @@ def main() -> None:
               "machine": platform.processor() or platform.machine(), "cores": os.cpu_count(),
               "load_1min": os.getloadavg()[0], "same_pixels_in_every_run": same, "runs": runs}
     path = write_result(args.out, "host_faces" + (f"_{args.tag}" if args.tag else ""), result)
-    print(f"same pixels in every run: {same}\n{path}")
+    print(f"the same faces, crops and pixels in every run: {same}\n{path}")
     if not same:
         sys.exit("the checkouts found, cut or pasted differently")
 
