@@ -76,7 +76,8 @@ def follow_mtcnn_cpu(image: np.ndarray, boxes: np.ndarray, rnet: torch.nn.Module
 def _planar(image: np.ndarray) -> torch.Tensor:
     """[1, 3, H, W] float32 in plain NCHW order. The reference resizes the photo's channels-last pixels; the area
     resize gives the same values from NCHW ones, 1.7x faster for the pyramid's levels."""
-    return torch.from_numpy(np.ascontiguousarray(image))[None].permute(0, 3, 1, 2).float().contiguous()
+    pixels = torch.from_numpy(np.ascontiguousarray(image))[None].permute(0, 3, 1, 2)
+    return pixels.to(torch.float32, memory_format=torch.contiguous_format)          # one copy, not two
 
 
 def _normalised(x: torch.Tensor) -> torch.Tensor:
