@@ -1,0 +1,120 @@
+"""How many torch calls one MTCNN detection makes, stage by stage, and what they cost beside threads that hold the
+GIL: every torch call gives the GIL up and waits to take it back, so under a service's load (many request threads
+in one process) a detection costs what its calls number, not what its kernels take.
+
+Runs on the CPU: the batched driver (the GPU's, `mtcnn_batched`, here with the PyTorch twins of its NMS and area
+resize; on a GPU those are one Triton launch each and P-Net's stage one CUDA-graph replay, so
+`aten_calls_after_pnet` bounds what is left of a GPU call) and the CPU driver (`mtcnn_cpu`). Top-level aten calls
+per detection, by stage, and the detection's wall time alone and beside `--beside` threads at the service's GIL
+switch interval.
+
+    python benchmarks/detector_ops.py [--beside 0,1] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results_file import write_result  # noqa: E402
+from timing import gil_holders  # noqa: E402
+
+from gpen_tune.face import samples  # noqa: E402
+from gpen_tune.face.detect import mtcnn_batched, mtcnn_cpu  # noqa: E402
+from gpen_tune.face.detect.mtcnn_nets import load_networks  # noqa: E402
+from gpen_tune.pipeline.threads import SWITCH_INTERVAL_S  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+STAGES = ("_stage1", "_candidates", "_stage2", "_stage3", "_finish")   # the batched driver's methods
+
+
+def labelled_stages() -> None:
+    """Each stage of the batched driver under a profiler label of its own."""
+    for name in STAGES:
+        method = getattr(mtcnn_batched._Driver, name)
+
+        def labelled(self, *args, _method=method, _name=name, **kwargs):
+            with record_function("stage " + _name.lstrip("_")):
+                return _method(self, *args, **kwargs)
+
+        setattr(mtcnn_batched._Driver, name, labelled)
+
+
+def calls_by_stage(detect) -> dict[str, int]:
+    """Top-level aten calls of one `detect()`, by the stage label above them ("other" outside every stage)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        detect()
+    counts: collections.Counter = collections.Counter()
+    for event in prof.events():
+        parent = event.cpu_parent
+        if not event.name.startswith("aten::") or (parent is not None and parent.name.startswith("aten::")):
+            continue
+        stage = "other"
+        while parent is not None:
+            if parent.name.startswith("stage "):
+                stage = parent.name.removeprefix("stage ")
+                break
+            parent = parent.cpu_parent
+        counts[stage] += 1
+    return dict(counts)
+
+
+def wall_ms(detect, repeats: int, beside: int) -> float:
+    detect()
+    with gil_holders(beside):
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            detect()
+            times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--beside", default="0,1", help="GIL-holding threads beside the detection (comma list)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    labelled_stages()
+    pnet, rnet, onet = load_networks(torch.device("cpu"))
+    photos = {"astronaut 512x512": samples.astronaut(), "mosaic of 4 1104x1104": samples.mosaic(4, 0)}
+    rows = []
+    with torch.inference_mode():
+        for name, img in photos.items():
+            drivers = {
+                "batched (PyTorch twins)": lambda img=img: mtcnn_batched.detect_mtcnn_batched(
+                    [img], pnet, rnet, onet, nms="torch", area="torch"),
+                "cpu": lambda img=img: mtcnn_cpu.detect_mtcnn_cpu(img, pnet, rnet, onet),
+            }
+            for driver, detect in drivers.items():
+                stages = calls_by_stage(detect)
+                row = {"image": name, "driver": driver, "aten_calls": sum(stages.values()),
+                       "aten_calls_by_stage": stages,
+                       "aten_calls_after_pnet": sum(v for k, v in stages.items() if k not in ("stage1", "other")),
+                       **{f"ms_beside_{b}": round(wall_ms(detect, args.repeats, int(b)), 1)
+                          for b in args.beside.split(",")}}
+                rows.append(row)
+                print(row, flush=True)
+    path = write_result(args.out, "detector_ops", {
+        "benchmark": "detector_ops", "command": "python benchmarks/detector_ops.py " + " ".join(sys.argv[1:]),
+        "rows": rows, "torch_threads": 1, "switch_interval_s": SWITCH_INTERVAL_S, "repeats": args.repeats,
+        "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__,
+        "load_average_end": os.getloadavg()})
+    print(path)
+
+
+if __name__ == "__main__":
+    main()
