@@ -50,14 +50,24 @@ def labelled_stages() -> None:
         setattr(mtcnn_batched._Driver, name, labelled)
 
 
-def calls_by_stage(detect) -> dict[str, int]:
-    """Top-level aten calls of one `detect()`, by the stage label above them ("other" outside every stage)."""
+# calls that only make a view or wrap a tensor: they keep the GIL (cutting four of them per box out of the CPU
+# driver's crops changed nothing beside a busy thread)
+VIEWS = {"aten::" + name for name in ("select", "slice", "unsqueeze", "squeeze", "narrow", "view", "as_strided",
+                                       "permute", "expand", "t", "transpose", "detach", "alias", "lift_fresh",
+                                       "resolve_conj", "resolve_neg", "unbind", "split", "chunk", "flip")}
+
+
+def calls_by_stage(detect, views: bool = True) -> dict[str, int]:
+    """Top-level aten calls of one `detect()`, by the stage label above them ("other" outside every stage);
+    `views` False: only the calls that compute."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         detect()
     counts: collections.Counter = collections.Counter()
     for event in prof.events():
         parent = event.cpu_parent
         if not event.name.startswith("aten::") or (parent is not None and parent.name.startswith("aten::")):
+            continue
+        if not views and event.name in VIEWS:
             continue
         stage = "other"
         while parent is not None:
@@ -100,10 +110,11 @@ def main() -> None:
                 "cpu": lambda img=img: mtcnn_cpu.detect_mtcnn_cpu(img, pnet, rnet, onet),
             }
             for driver, detect in drivers.items():
-                stages = calls_by_stage(detect)
+                stages, computing = calls_by_stage(detect), calls_by_stage(detect, views=False)
                 row = {"image": name, "driver": driver, "aten_calls": sum(stages.values()),
                        "aten_calls_by_stage": stages,
                        "aten_calls_after_pnet": sum(v for k, v in stages.items() if k not in ("stage1", "other")),
+                       "computing_calls": sum(computing.values()), "computing_calls_by_stage": computing,
                        **{f"ms_beside_{b}": round(wall_ms(detect, args.repeats, int(b)), 1)
                           for b in args.beside.split(",")}}
                 rows.append(row)
