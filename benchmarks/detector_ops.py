@@ -36,18 +36,26 @@ from gpen_tune.pipeline.threads import SWITCH_INTERVAL_S  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("_stage1", "_candidates", "_stage2", "_stage3", "_finish")   # the batched driver's methods
+# inside the stages, the parts a GPU runs otherwise: the area resize and NMS (PyTorch twins here, one Triton launch
+# each there) and R-Net / O-Net themselves (the networks' calls)
+PARTS = {"area_resize": "area resize", "grouped_nms": "nms", "_run_chunked": "networks"}
 
 
 def labelled_stages() -> None:
-    """Each stage of the batched driver under a profiler label of its own."""
+    """Each stage of the batched driver, and each part above, under a profiler label of its own."""
+    def label(owner, name: str, text: str) -> None:
+        method = getattr(owner, name)
+
+        def labelled(*args, _method=method, **kwargs):
+            with record_function(text):
+                return _method(*args, **kwargs)
+
+        setattr(owner, name, labelled)
+
     for name in STAGES:
-        method = getattr(mtcnn_batched._Driver, name)
-
-        def labelled(self, *args, _method=method, _name=name, **kwargs):
-            with record_function("stage " + _name.lstrip("_")):
-                return _method(self, *args, **kwargs)
-
-        setattr(mtcnn_batched._Driver, name, labelled)
+        label(mtcnn_batched._Driver, name, "stage " + name.lstrip("_"))
+    for name, text in PARTS.items():
+        label(mtcnn_batched, name, "part " + text)
 
 
 # calls that only make a view or wrap a tensor: they keep the GIL (cutting four of them per box out of the CPU
@@ -58,8 +66,8 @@ VIEWS = {"aten::" + name for name in ("select", "slice", "unsqueeze", "squeeze",
 
 
 def calls_by_stage(detect, views: bool = True) -> dict[str, int]:
-    """Top-level aten calls of one `detect()`, by the stage label above them ("other" outside every stage);
-    `views` False: only the calls that compute."""
+    """Top-level aten calls of one `detect()`, by the stage label above them ("other" outside every stage) and,
+    within a stage, the part ("stage2/networks"); `views` False: only the calls that compute."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         detect()
     counts: collections.Counter = collections.Counter()
@@ -69,14 +77,16 @@ def calls_by_stage(detect, views: bool = True) -> dict[str, int]:
             continue
         if not views and event.name in VIEWS:
             continue
-        stage = "other"
+        stage, part = "other", ""
         while parent is not None:
+            if parent.name.startswith("part ") and not part:
+                part = "/" + parent.name.removeprefix("part ")
             if parent.name.startswith("stage "):
                 stage = parent.name.removeprefix("stage ")
                 break
             parent = parent.cpu_parent
-        counts[stage] += 1
-    return dict(counts)
+        counts[stage + part] += 1
+    return dict(sorted(counts.items()))
 
 
 def wall_ms(detect, repeats: int, beside: int) -> float:
@@ -113,8 +123,11 @@ def main() -> None:
                 stages, computing = calls_by_stage(detect), calls_by_stage(detect, views=False)
                 row = {"image": name, "driver": driver, "aten_calls": sum(stages.values()),
                        "aten_calls_by_stage": stages,
-                       "aten_calls_after_pnet": sum(v for k, v in stages.items() if k not in ("stage1", "other")),
+                       "aten_calls_after_pnet": sum(v for k, v in stages.items()
+                                                    if k.split("/")[0] not in ("stage1", "other")),
                        "computing_calls": sum(computing.values()), "computing_calls_by_stage": computing,
+                       "computing_calls_after_pnet": sum(v for k, v in computing.items()
+                                                         if k.split("/")[0] not in ("stage1", "other")),
                        **{f"ms_beside_{b}": round(wall_ms(detect, args.repeats, int(b)), 1)
                           for b in args.beside.split(",")}}
                 rows.append(row)
