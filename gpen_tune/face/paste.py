@@ -209,17 +209,17 @@ def paste_faces(base: np.ndarray, faces: list[PasteFace], strength: float = 1.0)
     if strength <= 0 or not faces:
         return out
     strength = min(float(strength), 1.0)
-    _value_scale(base.dtype)                                  # an unsupported base fails here, faces or not
+    scale, _ = _value_scale(base.dtype)                       # an unsupported base fails here, faces or not
     h, w = base.shape[:2]
     placed = list(_warped_masks(faces, w, h))
     for group in overlapping_groups([roi for _, roi, _, _ in placed]):
-        _blend_group(out, base, [placed[i] for i in group], strength)
+        _blend_group(out, base, [placed[i] for i in group], strength, scale)
     return out
 
 
-def _blend_group(out: np.ndarray, base: np.ndarray, placed: list, strength: float) -> None:
-    """Blend one group of overlapping faces (`_warped_masks` items) into `out`, region by region."""
-    scale, _ = _value_scale(base.dtype)
+def _blend_group(out: np.ndarray, base: np.ndarray, placed: list, strength: float, scale: float) -> None:
+    """Blend one group of overlapping faces (`_warped_masks` items) into `out`, region by region; `scale`: the
+    restored faces' values to the base's range (`_value_scale`)."""
     if len(placed) == 1:                     # most groups: the sums of one face are its own terms, bit for bit
         face, (x0, y0, x1, y1), shift, m = placed[0]
         bg = base[y0:y1, x0:x1].astype(np.float32)
