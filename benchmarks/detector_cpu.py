@@ -1,6 +1,7 @@
 """The MTCNN detector on the CPU, as the serial path runs it: ms per image by torch thread count, against its
-former max pooling (ATen's `max_pool2d`, which always computes the argmax indices too), one process, forms
-interleaved; and whether each form finds the same faces to the bit.
+former forms, one process, forms interleaved; and whether each form finds the same faces to the bit. The former
+forms: max pooling by ATen's `max_pool2d` (which always computes the argmax indices too), and the NMS's greedy pass
+with one IoU pass per kept box (`gpen_tune.ops.nms.greedy_nms` now computes the IoUs of many boxes at once).
 
     python benchmarks/detector_cpu.py --image solvay_conference_1927.png --repeats 5
 """
@@ -25,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from results_file import write_result  # noqa: E402
 
 from gpen_tune.face import samples  # noqa: E402
-from gpen_tune.face.detect import init_detector  # noqa: E402
+from gpen_tune.face.detect import init_detector, mtcnn_cpu  # noqa: E402
 from gpen_tune.ops.max_pool import MaxPoolCeil  # noqa: E402
 
 
@@ -36,6 +37,39 @@ def with_aten_pools(detector):
             if isinstance(layer, MaxPoolCeil):
                 setattr(net, name, nn.MaxPool2d(layer.kernel, layer.stride, ceil_mode=True))
     return detector
+
+
+def per_box_greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou: float) -> torch.Tensor:
+    """The greedy pass as it was: each kept box against the boxes left, one numpy pass per kept box."""
+    if boxes.numel() == 0:
+        return torch.zeros(0, dtype=torch.long)
+    order = torch.sort(scores, descending=True, stable=True).indices.numpy()
+    b = boxes.detach().cpu().numpy()[order]
+    x0, y0, x1, y1 = b.T
+    area = (x1 - x0) * (y1 - y0)
+    zero = b.dtype.type(0)
+    left, kept = np.arange(len(b)), []
+    while left.size:
+        i, rest = left[0], left[1:]
+        kept.append(i)
+        w = np.maximum(np.minimum(x1[i], x1[rest]) - np.maximum(x0[i], x0[rest]), zero)
+        h = np.maximum(np.minimum(y1[i], y1[rest]) - np.maximum(y0[i], y0[rest]), zero)
+        inter = w * h
+        with np.errstate(invalid="ignore", divide="ignore"):
+            over = inter / (area[i] + area[rest] - inter)
+        left = rest[~(over.astype(np.float64) > iou)]
+    return torch.from_numpy(order[np.array(kept)]).long()
+
+
+def with_nms(detector, nms):
+    """`detector.detect` with the CPU driver's greedy NMS replaced by `nms` for the call."""
+    def detect(batch):
+        saved, mtcnn_cpu.greedy_nms = mtcnn_cpu.greedy_nms, nms
+        try:
+            return detector.detect(batch)
+        finally:
+            mtcnn_cpu.greedy_nms = saved
+    return detect
 
 
 def images(photo: Path | None) -> dict[str, np.ndarray]:
@@ -49,8 +83,8 @@ def images(photo: Path | None) -> dict[str, np.ndarray]:
     return out
 
 
-def faces(detector, image: np.ndarray) -> np.ndarray:
-    found = detector.detect([image])[0]
+def faces(detect, image: np.ndarray) -> np.ndarray:
+    found = detect([image])[0]
     return np.array([np.r_[d.box, d.score, np.ravel(d.landmarks)] for d in found])
 
 
@@ -61,8 +95,10 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args()
-    forms = {"strided maxima": init_detector("mtcnn", device="cpu", service="inline"),
-             "aten max_pool2d": with_aten_pools(init_detector("mtcnn", device="cpu", service="inline"))}
+    current = init_detector("mtcnn", device="cpu", service="inline")
+    forms = {"current": current.detect,
+             "aten max_pool2d": with_aten_pools(init_detector("mtcnn", device="cpu", service="inline")).detect,
+             "per-box NMS pass": with_nms(current, per_box_greedy_nms)}
     pics = images(args.image)
     saved = torch.get_num_threads()
     rows = []
@@ -71,14 +107,15 @@ def main() -> None:
         torch.set_num_threads(threads)
         for name, image in pics.items():
             ms: dict[str, list[float]] = {form: [] for form in forms}
-            found = {form: faces(detector, image) for form, detector in forms.items()}   # warm-up; to compare
+            found = {form: faces(detect, image) for form, detect in forms.items()}   # warm-up; to compare
             for _ in range(args.repeats):
-                for form, detector in forms.items():
+                for form, detect in forms.items():
                     t = time.perf_counter()
-                    detector.detect([image])
+                    detect([image])
                     ms[form].append((time.perf_counter() - t) * 1000)
-            a, b = found.values()
-            same[f"{name}, {threads} threads"] = bool(a.shape == b.shape and np.array_equal(a, b))
+            a = found["current"]
+            same[f"{name}, {threads} threads"] = all(b.shape == a.shape and np.array_equal(a, b)
+                                                    for b in found.values())
             row = {"image": name, "threads": threads, "faces": len(a),
                    **{f"{form} ms": round(statistics.median(v), 1) for form, v in ms.items()}}
             rows.append(row)

@@ -33,6 +33,7 @@ from gpen_tune.ops.triton_support import INTERPRET, tl, triton
 Impl = Literal["auto", "torch", "triton"]
 IMPLS = ("auto", "torch", "triton")
 BLOCK = 256
+NMS_ROWS = 256                       # greedy_nms: boxes whose IoUs with all boxes are computed at once
 
 
 def uses_triton(boxes: torch.Tensor, impl: Impl = "auto") -> bool:
@@ -80,7 +81,9 @@ def greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou: float) -> torch.T
 
     The same steps in the boxes' own dtype as torchvision's CPU kernel (a stable descending sort, areas without the
     +1 pixel, IoU = inter / (area_a + area_b - inter), suppressed when IoU > `iou`; a NaN IoU suppresses nothing),
-    so the same boxes survive; each kept box is compared with all remaining boxes at once."""
+    so the same boxes survive. The IoUs are computed for `NMS_ROWS` boxes against all at once; the greedy pass then
+    only walks the boxes that overlap a later one above the threshold (the MTCNN detector's NMS over all scales
+    keeps most of its ~1,000 boxes: one vectorised pass instead of one per kept box)."""
     if boxes.numel() == 0:
         return torch.zeros(0, dtype=torch.long)
     order = torch.sort(scores, descending=True, stable=True).indices.numpy()
@@ -88,18 +91,21 @@ def greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou: float) -> torch.T
     x0, y0, x1, y1 = b.T
     area = (x1 - x0) * (y1 - y0)
     zero = b.dtype.type(0)
-    left = np.arange(len(b))
-    kept = []
-    while left.size:
-        i, rest = left[0], left[1:]
-        kept.append(i)
-        w = np.maximum(np.minimum(x1[i], x1[rest]) - np.maximum(x0[i], x0[rest]), zero)
-        h = np.maximum(np.minimum(y1[i], y1[rest]) - np.maximum(y0[i], y0[rest]), zero)
+    n = len(b)
+    later = np.arange(n)
+    keep = np.ones(n, bool)
+    for a in range(0, n, NMS_ROWS):
+        z = min(n, a + NMS_ROWS)
+        w = np.maximum(np.minimum(x1[a:z, None], x1) - np.maximum(x0[a:z, None], x0), zero)
+        h = np.maximum(np.minimum(y1[a:z, None], y1) - np.maximum(y0[a:z, None], y0), zero)
         inter = w * h
         with np.errstate(invalid="ignore", divide="ignore"):
-            over = inter / (area[i] + area[rest] - inter)
-        left = rest[~(over.astype(np.float64) > iou)]
-    return torch.from_numpy(order[np.array(kept)]).long()
+            over = inter / (area[a:z, None] + area - inter)
+        hits = (over.astype(np.float64) > iou) & (later[a:z, None] < later)     # row i suppresses later box j
+        for i in np.flatnonzero(hits.any(1)):
+            if keep[a + i]:
+                keep[hits[i]] = False
+    return torch.from_numpy(order[keep]).long()
 
 
 def grouped_nms_triton(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, iou: float,
