@@ -33,7 +33,7 @@ from gpen_tune.ops.triton_support import INTERPRET, tl, triton
 Impl = Literal["auto", "torch", "triton"]
 IMPLS = ("auto", "torch", "triton")
 BLOCK = 256
-NMS_ROWS = 256                       # greedy_nms: boxes whose IoUs with all boxes are computed at once
+NMS_PAIRS = 2**18                    # greedy_nms: box pairs whose IoUs one numpy pass computes (~2 MB a temporary)
 
 
 def uses_triton(boxes: torch.Tensor, impl: Impl = "auto") -> bool:
@@ -81,9 +81,9 @@ def greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou: float) -> torch.T
 
     The same steps in the boxes' own dtype as torchvision's CPU kernel (a stable descending sort, areas without the
     +1 pixel, IoU = inter / (area_a + area_b - inter), suppressed when IoU > `iou`; a NaN IoU suppresses nothing),
-    so the same boxes survive. The IoUs are computed for `NMS_ROWS` boxes against all at once; the greedy pass then
-    only walks the boxes that overlap a later one above the threshold (the MTCNN detector's NMS over all scales
-    keeps most of its ~1,000 boxes: one vectorised pass instead of one per kept box)."""
+    so the same boxes survive. The IoUs are computed for many boxes against all at once (`NMS_PAIRS` pairs a pass);
+    the greedy pass then only walks the boxes that overlap a later one above the threshold (the MTCNN detector's
+    NMS over all scales keeps most of its ~1,000 boxes: a few vectorised passes instead of one per kept box)."""
     if boxes.numel() == 0:
         return torch.zeros(0, dtype=torch.long)
     order = torch.sort(scores, descending=True, stable=True).indices.numpy()
@@ -94,8 +94,9 @@ def greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou: float) -> torch.T
     n = len(b)
     later = np.arange(n)
     keep = np.ones(n, bool)
-    for a in range(0, n, NMS_ROWS):
-        z = min(n, a + NMS_ROWS)
+    rows = max(1, NMS_PAIRS // n)
+    for a in range(0, n, rows):
+        z = min(n, a + rows)
         w = np.maximum(np.minimum(x1[a:z, None], x1) - np.maximum(x0[a:z, None], x0), zero)
         h = np.maximum(np.minimum(y1[a:z, None], y1) - np.maximum(y0[a:z, None], y0), zero)
         inter = w * h
