@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--video-size", default=None, metavar="WxH", help="the test clips' size (default: 1920x1080; "
                     "the CPU form 640x360)")
     ap.add_argument("--video-frames", type=int, default=None, help="frames of each test clip (default: doors.py's)")
+    ap.add_argument("--folder-images", type=int, default=None, help="photos in the folder (default: doors.py's)")
     ap.add_argument("--fresh-caches", action="store_true", help="empty the kernel caches before every checkout's "
                     "runs: each one_photo_cold is a first-ever run (compare every round)")
     ap.add_argument("--tag", default="")
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     device = bench_device(args.device)
     sz = sizes(args.small)
     sz["video_frames"] = args.video_frames or sz["video_frames"]
+    sz["folder_images"] = args.folder_images or sz["folder_images"]
     sz["video_size"] = tuple(map(int, args.video_size.split("x"))) if args.video_size else sz["video_size"]
     code_extra = args.code_extra or [""] * len(args.code)
     if len(code_extra) != len(args.code):

@@ -128,8 +128,10 @@ def enhance(
     = None,
     workers: Annotated[int | None, _opt("--workers", panel=PERF_PANEL, show_default=False, metavar="N",
                                         help="Paste/encode threads (default: half the cores, 1..8).")] = None,
-    serial: Annotated[bool, _opt("--serial", panel=PERF_PANEL,
-                                 help="One step at a time instead of the pipelined threads.")] = False,
+    serial: Annotated[bool | None, _opt("--serial/--no-serial", panel=PERF_PANEL, show_default=False,
+                                        help="Serial or pipelined (default serial for one photo, <= 2 CPU "
+                                             "cores).")]
+    = None,
     detector_processes: Annotated[int, _opt("--detector-processes", panel=PERF_PANEL, metavar="N",
                                             show_default=False,
                                             help="Detect in N processes (GPU folders, videos; default 0: a thread).")]
@@ -204,7 +206,7 @@ def enhance(
     from gpen_tune.pipeline.scheduler import SchedulerConfig  # heavy: torch (fast --help)
     options = RunOptions(recursive=recursive, ext=ext, suffix=suffix, name_pattern=name_pattern, existing=existing,
                          save_faces=save_faces, save_comparison=save_comparison, save_mask=save_mask,
-                         serial=serial or None, config=SchedulerConfig(workers=workers),
+                         serial=serial, config=SchedulerConfig(workers=workers),
                          video=VideoOptions(codec=codec, crf=crf, smooth=smooth, encoder_preset=encoder_speed,
                                             detect_every=key_every))
     raise typer.Exit(run_command(names, Path(output), settings, tune, options, report=report, build=build, run=run))

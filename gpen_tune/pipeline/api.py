@@ -41,7 +41,7 @@ from gpen_tune.pipeline.outputs import (
     plan_outputs,
     remove_stale_temp_files,
 )
-from gpen_tune.pipeline.scheduler import RunSummary, SchedulerConfig, run_serial
+from gpen_tune.pipeline.scheduler import RunSummary, SchedulerConfig, run_serial, serial_by_default
 from gpen_tune.pipeline.settings import EnhanceSettings, check_weights, resolve_device, resolve_weights
 from gpen_tune.pipeline.sinks import FileSink, MemorySink, Sink
 from gpen_tune.pipeline.sources import ArraySource, FileSource, Source
@@ -311,7 +311,8 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
     weights `WeightsNotFoundError` (see `resolve_weights`). Outputs are planned before any work (two inputs on one
     output, or an output onto an input, raise `OutputError`); an existing output is refused, replaced or kept by
     `existing` ("refuse" | "overwrite" | "skip"). `tune` None (and no `pipeline`): preset auto for the device.
-    Several inputs take the threaded scheduler, one input (or `serial=True`) the serial path. Videos among the
+    `serial` None: the serial path for one input or a CPU of few cores (unless `config` sets thread counts),
+    else the threaded scheduler (`serial_by_default`); True / False choose. Videos among the
     inputs go through the same pipeline one after the other (`video`: codec, quality, smoothing), each written
     whole or not at all. `on_start(n)` is told how many images and video frames will run, before the first.
     `report`: the file the caller will write the report to (refused when it is an input or an output). Temp files
@@ -342,7 +343,10 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
     try:
         source = FileSource([found.files[i][0] for i in photos], [found.files[i][1] for i in photos])
         sink = FileSink(naming, save_faces, save_comparison, save_mask, png_level=pipe.settings.png_level)
-        summary = pipe.run(source, sink, serial=len(photos) <= 1 if serial is None else serial, config=config,
+        if serial is None:        # a pool of devices (`--devices`) shares its cores its own way: one image alone
+            serial = (serial_by_default(len(photos), pipe.device.type, config) if isinstance(pipe, Pipeline)
+                      else len(photos) <= 1)
+        summary = pipe.run(source, sink, serial=serial, config=config,
                            on_result=on_result, on_faces=on_faces, save_faces=save_faces, save_mask=save_mask)
         for job in summary.results:                      # back to the numbering of all inputs
             job.index = photos[job.index]

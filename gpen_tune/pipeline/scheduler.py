@@ -2,7 +2,8 @@
 finish: the sink is the steps'). It only schedules.
 
     serial    the calls inline, a few images at a time: prepare them, restore all their faces in batches
-              across images, finish each (one thread; what a single image and `--serial` use)
+              across images, finish each (one thread; what a single image, a CPU of few cores and `--serial`
+              use: `serial_by_default`)
     threaded  the same calls on threads (gpen_tune.pipeline.threads): prepare workers -> one GPU stage
               batching faces across images -> finish workers; bounded queues and in-flight slots
 
@@ -26,6 +27,8 @@ from gpen_tune.pipeline.steps import FaceRef, Steps
 from gpen_tune.tune.hardware import usable_cores
 
 SERIAL_IMAGES_PER_STEP = 8       # images prepared together on the serial path (their faces share batches)
+SERIAL_MAX_CPU_CORES = 2         # serial_by_default: CPUs with at most this many usable cores run serially
+
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,11 @@ class SchedulerConfig:
         return workers, prepare, inflight
 
 
+    @property
+    def threads_given(self) -> bool:
+        """Whether the caller set any thread count (then it asked for the threaded scheduler)."""
+        return any(v is not None for v in (self.workers, self.prepare_workers, self.torch_threads))
+
     def cpu_threads(self, cores: int | None = None) -> int:
         """torch's intra-op threads while a threaded run uses the CPU as its device: the generator stage and the
         detector thread call torch at the same time, each with this many threads, so together they fill the
@@ -60,6 +68,21 @@ class SchedulerConfig:
         if self.torch_threads is not None:
             return max(1, self.torch_threads)
         return max(1, (cores or usable_cores()) // TORCH_CALLERS)
+
+
+def serial_by_default(photos: int, device_type: str, config: SchedulerConfig | None = None,
+                      cores: int | None = None) -> bool:
+    """Whether a run of `photos` images takes the serial path when the caller does not say: one image (nothing
+    to overlap), or the CPU as the device with at most SERIAL_MAX_CPU_CORES usable cores, unless `config` sets
+    thread counts. A threaded CPU run gives the detector and the generator half the cores each (`cpu_threads`);
+    on 2 cores both run about twice as fast on two threads as on one, so the overlap does not pay for the split:
+    36 photos, GPEN-BFR-256, 7.53 faces/s threaded against 8.11 serial (benchmarks/RESULTS.md, "A folder on a
+    2-core CPU")."""
+    if photos <= 1:
+        return True
+    if config is not None and config.threads_given:
+        return False
+    return device_type == "cpu" and (cores or usable_cores()) <= SERIAL_MAX_CPU_CORES
 
 
 TORCH_CALLERS = 2                # threads of a threaded CPU run that call torch at once: generator, detector

@@ -44,7 +44,8 @@ def test_cli_folder_mixing_good_no_face_and_broken(mixed_folder, tmp_path):
     report = tmp_path / "report.json"
     res = invoke([str(mixed_folder), "-r", "-o", str(out), "--weights", "synthetic", "--model", MODEL,
                   "--detector", "mtcnn", "--device", "cpu", "--batch-size", "2", "--report", str(report),
-                  "--save-faces", "--save-comparison", "--suffix", "_gpen"])
+                  "--save-faces", "--save-comparison", "--suffix", "_gpen",
+                  "--no-serial"])                    # the threads (a 2-core CPU would run serially): their report
     assert res.exit_code == 1, res.output
     for name in ("broken.jpg", "empty.png", "notes.png"):
         lines = [ln for ln in res.output.splitlines() if name in ln and "failed" in ln]

@@ -116,10 +116,10 @@ def common_args(out: Path) -> list[str]:
 
 
 def case_folder(tmp: Path, serial: bool) -> dict[str, np.ndarray]:
-    """The CLI on a folder of every input kind (pipelined runner, or --serial)."""
+    """The CLI on a folder of every input kind (the pipelined runner, --no-serial, or --serial)."""
     write_inputs(tmp / "in")
     out = tmp / ("serial" if serial else "pipelined")
-    res = invoke([str(tmp / "in"), *common_args(out), "--batch-size", "3", *(["--serial"] if serial else [])])
+    res = invoke([str(tmp / "in"), *common_args(out), "--batch-size", "3", "--serial" if serial else "--no-serial"])
     assert res.exit_code == 0, res.output
     prefix = "serial" if serial else "folder"       # batch compositions differ: float sums round differently
     return {f"{prefix}_{p.stem}": read_output(p) for p in sorted(out.glob("*.png"))}

@@ -26,6 +26,7 @@ from gpen_tune.face import samples
 from gpen_tune.load import load_model
 from gpen_tune.model.configs import GPENConfig
 from gpen_tune.pipeline import EnhanceSettings, FileSink, FileSource, OutputNaming, Pipeline, SchedulerConfig, enhance
+from gpen_tune.pipeline.scheduler import serial_by_default
 from gpen_tune.pipeline.steps import Steps
 from gpen_tune.pipeline.threads import run_threaded
 from gpen_tune.restore.restorer import Restorer
@@ -454,3 +455,30 @@ def test_cuda_faces_cut_on_the_gpu(mixed_folder, tmp_path):
     assert not saving.cut_on_device and again.image_device is None
     assert again.faces and all(isinstance(f.crop, np.ndarray) for f in again.faces)
     enh.close()
+
+
+# -- which path a run takes when the caller does not say ------------------------------------------------------------
+
+@pytest.mark.parametrize("photos, device, config, cores, serial", [
+    (1, "cuda", None, 64, True),                          # one image: nothing to overlap
+    (3, "cuda", None, 2, False),
+    (3, "cpu", None, 2, True),                            # a 2-core CPU: the split of the cores costs more
+    (3, "cpu", None, 1, True),
+    (3, "cpu", None, 4, False),
+    (3, "cpu", SchedulerConfig(workers=1), 2, False),     # thread counts given: the threads
+    (3, "cpu", SchedulerConfig(torch_threads=1), 2, False),
+    (1, "cpu", SchedulerConfig(workers=2), 8, True),
+], ids=["one-photo", "cuda-many-photos", "cpu-2-cores", "cpu-1-core", "cpu-4-cores", "cpu-workers", "cpu-torch-threads",
+        "one-photo-workers"])
+def test_serial_by_default(photos, device, config, cores, serial):
+    assert serial_by_default(photos, device, config, cores=cores) is serial
+
+
+def test_a_folder_takes_the_path_the_rule_names(pipe, mixed_folder, tmp_path):
+    """`enhance` without `serial`: on this machine's cores the rule's path, with the same pixels as `--serial`'s
+    and the threads' when asked for (serial=False)."""
+    want = "serial" if serial_by_default(5, "cpu") else "threaded"
+    default = enhance(mixed_folder, tmp_path / "d", pipeline=pipe, ext="png").summary
+    piped = enhance(mixed_folder, tmp_path / "p", pipeline=pipe, serial=False, ext="png").summary
+    assert default.stages["mode"] == want and piped.stages["mode"] == "threaded"
+    assert default.ok == piped.ok == 4 and default.failed == piped.failed == 1
