@@ -28,6 +28,7 @@ from results_file import write_result  # noqa: E402
 from gpen_tune.face import samples  # noqa: E402
 from gpen_tune.face.detect import init_detector, mtcnn_cpu  # noqa: E402
 from gpen_tune.ops.max_pool import MaxPoolCeil  # noqa: E402
+from gpen_tune.ops.nms import by_score  # noqa: E402
 
 
 def with_aten_pools(detector):
@@ -43,12 +44,9 @@ def per_box_greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou: float) ->
     """The greedy pass as it was: each kept box against the boxes left, one numpy pass per kept box."""
     if boxes.numel() == 0:
         return torch.zeros(0, dtype=torch.long)
-    order = torch.sort(scores, descending=True, stable=True).indices.numpy()
-    b = boxes.detach().cpu().numpy()[order]
-    x0, y0, x1, y1 = b.T
-    area = (x1 - x0) * (y1 - y0)
-    zero = b.dtype.type(0)
-    left, kept = np.arange(len(b)), []
+    order, (x0, y0, x1, y1), area = by_score(boxes, scores)
+    zero = area.dtype.type(0)
+    left, kept = np.arange(len(order)), []
     while left.size:
         i, rest = left[0], left[1:]
         kept.append(i)

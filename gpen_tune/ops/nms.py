@@ -86,12 +86,9 @@ def greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou: float) -> torch.T
     NMS over all scales keeps most of its ~1,000 boxes: a few vectorised passes instead of one per kept box)."""
     if boxes.numel() == 0:
         return torch.zeros(0, dtype=torch.long)
-    order = torch.sort(scores, descending=True, stable=True).indices.numpy()
-    b = boxes.detach().cpu().numpy()[order]
-    x0, y0, x1, y1 = b.T
-    area = (x1 - x0) * (y1 - y0)
-    zero = b.dtype.type(0)
-    n = len(b)
+    order, (x0, y0, x1, y1), area = by_score(boxes, scores)
+    zero = area.dtype.type(0)
+    n = len(order)
     later = np.arange(n)
     keep = np.ones(n, bool)
     rows = max(1, NMS_PAIRS // n)
@@ -107,6 +104,17 @@ def greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou: float) -> torch.T
             if keep[a + i]:
                 keep[hits[i]] = False
     return torch.from_numpy(order[keep]).long()
+
+
+
+def by_score(boxes: torch.Tensor, scores: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The CPU greedy pass's start: the order of a stable descending sort of `scores` (torchvision's), the boxes'
+    corners in that order as numpy [4, N] (x1, y1, x2, y2, the boxes' own dtype), and their areas without the +1
+    pixel."""
+    order = torch.sort(scores, descending=True, stable=True).indices.numpy()
+    corners = boxes.detach().cpu().numpy()[order].T
+    x0, y0, x1, y1 = corners
+    return order, corners, (x1 - x0) * (y1 - y0)
 
 
 def grouped_nms_triton(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, iou: float,
