@@ -41,7 +41,7 @@ from gpen_tune.pipeline.outputs import (
     plan_outputs,
     remove_stale_temp_files,
 )
-from gpen_tune.pipeline.scheduler import RunSummary, SchedulerConfig, run_serial, serial_by_default
+from gpen_tune.pipeline.scheduler import RunSummary, SchedulerConfig, few_cpu_cores, run_serial, serial_by_default
 from gpen_tune.pipeline.settings import EnhanceSettings, check_weights, resolve_device, resolve_weights
 from gpen_tune.pipeline.sinks import FileSink, MemorySink, Sink
 from gpen_tune.pipeline.sources import ArraySource, FileSource, Source
@@ -311,8 +311,9 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
     weights `WeightsNotFoundError` (see `resolve_weights`). Outputs are planned before any work (two inputs on one
     output, or an output onto an input, raise `OutputError`); an existing output is refused, replaced or kept by
     `existing` ("refuse" | "overwrite" | "skip"). `tune` None (and no `pipeline`): preset auto for the device.
-    `serial` None: the serial path for one input or a CPU of few cores (unless `config` sets thread counts),
-    else the threaded scheduler (`serial_by_default`); True / False choose. Videos among the
+    `serial` None: the serial path for one photo, and for photos and videos on a CPU of few cores (unless `config`
+    sets thread counts), else the threaded scheduler (`serial_by_default`, `few_cpu_cores`); True / False choose
+    for photos and videos alike. Videos among the
     inputs go through the same pipeline one after the other (`video`: codec, quality, smoothing), each written
     whole or not at all. `on_start(n)` is told how many images and video frames will run, before the first.
     `report`: the file the caller will write the report to (refused when it is an input or an output). Temp files
@@ -343,10 +344,11 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
     try:
         source = FileSource([found.files[i][0] for i in photos], [found.files[i][1] for i in photos])
         sink = FileSink(naming, save_faces, save_comparison, save_mask, png_level=pipe.settings.png_level)
-        if serial is None:        # a pool of devices (`--devices`) shares its cores its own way: one image alone
-            serial = (serial_by_default(len(photos), pipe.device.type, config) if isinstance(pipe, Pipeline)
-                      else len(photos) <= 1)
-        summary = pipe.run(source, sink, serial=serial, config=config,
+        one_device = isinstance(pipe, Pipeline)   # a pool of devices (`--devices`) shares its cores its own way
+        photos_serial = serial if serial is not None else (
+            serial_by_default(len(photos), pipe.device.type, config) if one_device else len(photos) <= 1)
+        videos_serial = one_device and (few_cpu_cores(pipe.device.type, config) if serial is None else serial)
+        summary = pipe.run(source, sink, serial=photos_serial, config=config,
                            on_result=on_result, on_faces=on_faces, save_faces=save_faces, save_mask=save_mask)
         for job in summary.results:                      # back to the numbering of all inputs
             job.index = photos[job.index]
@@ -355,8 +357,8 @@ def enhance(inputs: str | Path | Sequence[str | Path], outdir: str | Path, setti
                 summary.results.append(_job_for(i, found.files[i], "dropped", f"{found.files[i][0]}: not "
                                                 "processed (interrupted)"))
                 continue
-            job, interrupted = _run_video(pipe, i, found.files[i], naming, video, config, on_result, on_faces,
-                                          notify)
+            job, interrupted = _run_video(pipe, i, found.files[i], naming, video, config, videos_serial, on_result,
+                                          on_faces, notify)
             summary.results.append(job)
             summary.interrupted = summary.interrupted or interrupted
     finally:
@@ -429,7 +431,7 @@ def _expected_frames(path: Path) -> int:
 
 
 def _run_video(pipe: Pipeline, index: int, file: tuple[Path, str], naming: OutputNaming,
-               options: VideoOptions | None, config: SchedulerConfig, on_result, on_faces, notify
+               options: VideoOptions | None, config: SchedulerConfig, serial: bool, on_result, on_faces, notify
                ) -> tuple[ImageJob, bool]:
     """One video as one job of the run's results (its frames' own jobs stay inside); (job, interrupted)."""
     from gpen_tune.pipeline.video import enhance_video  # heavy: av (PyAV), only when a video is among the inputs
@@ -444,7 +446,7 @@ def _run_video(pipe: Pipeline, index: int, file: tuple[Path, str], naming: Outpu
         dst.parent.mkdir(parents=True, exist_ok=True)
         result = enhance_video(path, dst, pipe, codec=options.codec, crf=options.crf, smooth=options.smooth,
                                encoder_preset=options.encoder_preset, detect_every=options.detect_every,
-                               config=config, on_result=on_result,
+                               config=config, serial=serial, on_result=on_result,
                                on_faces=on_faces, notify=notify, replace=naming.replace)
     except (VideoReadError, VideoWriteError, OSError, ValueError) as e:
         job.fail(" ".join(str(e).split()) if str(path) in str(e) else f"{path}: {' '.join(str(e).split())}")

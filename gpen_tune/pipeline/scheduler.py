@@ -27,7 +27,7 @@ from gpen_tune.pipeline.steps import FaceRef, Steps
 from gpen_tune.tune.hardware import usable_cores
 
 SERIAL_IMAGES_PER_STEP = 8       # images prepared together on the serial path (their faces share batches)
-SERIAL_MAX_CPU_CORES = 2         # serial_by_default: CPUs with at most this many usable cores run serially
+SERIAL_MAX_CPU_CORES = 2         # few_cpu_cores: CPUs with at most this many usable cores run serially
 
 
 
@@ -70,16 +70,20 @@ class SchedulerConfig:
         return max(1, (cores or usable_cores()) // TORCH_CALLERS)
 
 
-def serial_by_default(photos: int, device_type: str, config: SchedulerConfig | None = None,
+def serial_by_default(items: int, device_type: str, config: SchedulerConfig | None = None,
                       cores: int | None = None) -> bool:
-    """Whether a run of `photos` images takes the serial path when the caller does not say: one image (nothing
-    to overlap), or the CPU as the device with at most SERIAL_MAX_CPU_CORES usable cores, unless `config` sets
-    thread counts. A threaded CPU run gives the detector and the generator half the cores each (`cpu_threads`);
-    on 2 cores both run about twice as fast on two threads as on one, so the overlap does not pay for the split:
-    36 photos, GPEN-BFR-256, 7.53 faces/s threaded against 8.11 serial (benchmarks/RESULTS.md, "A folder on a
-    2-core CPU")."""
-    if photos <= 1:
-        return True
+    """Whether a run of `items` photos takes the serial path when the caller does not say: one photo (nothing to
+    overlap), else as `few_cpu_cores` says."""
+    return items <= 1 or few_cpu_cores(device_type, config, cores)
+
+
+def few_cpu_cores(device_type: str, config: SchedulerConfig | None = None, cores: int | None = None) -> bool:
+    """Whether a run of many photos or video frames takes the serial path when the caller does not say: the CPU as
+    the device with at most SERIAL_MAX_CPU_CORES usable cores, and no thread count in `config`. A threaded CPU run
+    gives the detector and the generator half the cores each (`cpu_threads`); on 2 cores both run about twice as
+    fast on two threads as on one, so the overlap does not pay for the split: 36 photos, GPEN-BFR-256, 7.53
+    faces/s threaded against 8.11 serial; a 9-face video 0.48-0.53 against 0.77-0.78 fps (benchmarks/RESULTS.md,
+    "A folder or a video on a 2-core CPU")."""
     if config is not None and config.threads_given:
         return False
     return device_type == "cpu" and (cores or usable_cores()) <= SERIAL_MAX_CPU_CORES

@@ -26,7 +26,7 @@ from gpen_tune.face import samples
 from gpen_tune.load import load_model
 from gpen_tune.model.configs import GPENConfig
 from gpen_tune.pipeline import EnhanceSettings, FileSink, FileSource, OutputNaming, Pipeline, SchedulerConfig, enhance
-from gpen_tune.pipeline.scheduler import serial_by_default
+from gpen_tune.pipeline.scheduler import few_cpu_cores, serial_by_default
 from gpen_tune.pipeline.steps import Steps
 from gpen_tune.pipeline.threads import run_threaded
 from gpen_tune.restore.restorer import Restorer
@@ -472,6 +472,8 @@ def test_cuda_faces_cut_on_the_gpu(mixed_folder, tmp_path):
         "one-photo-workers"])
 def test_serial_by_default(photos, device, config, cores, serial):
     assert serial_by_default(photos, device, config, cores=cores) is serial
+    if photos > 1:                                        # a video's frames follow the many-photos rule
+        assert few_cpu_cores(device, config, cores=cores) is serial
 
 
 def test_a_folder_takes_the_path_the_rule_names(pipe, mixed_folder, tmp_path):

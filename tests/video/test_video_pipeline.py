@@ -51,11 +51,12 @@ def pipeline():
         yield pipe
 
 
-def test_cli_restores_a_clip_keeping_frames_timing_and_sound(tmp_path):
+@pytest.mark.parametrize("path", ["--serial", "--no-serial"])     # one step at a time, and the pipelined threads
+def test_cli_restores_a_clip_keeping_frames_timing_and_sound(tmp_path, path):
     src = make_clip(tmp_path / "clip.mp4", n=12, size=(320, 240), pts_ms=[0, 40, 80, 150, 190, 230, 300, 340,
                                                                            380, 420, 500, 540])   # variable rate
     out = tmp_path / "out"
-    res = invoke([str(src), "-o", str(out), *COMMON])
+    res = invoke([str(src), "-o", str(out), path, *COMMON])
     assert res.exit_code == 0, res.output
     dst = out / "clip.mp4"
     a, pts_a = decoded(src)
