@@ -106,7 +106,6 @@ def greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, iou: float) -> torch.T
     return torch.from_numpy(order[keep]).long()
 
 
-
 def by_score(boxes: torch.Tensor, scores: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The CPU greedy pass's start: the order of a stable descending sort of `scores` (torchvision's), the boxes'
     corners in that order as numpy [4, N] (x1, y1, x2, y2, the boxes' own dtype), and their areas without the +1

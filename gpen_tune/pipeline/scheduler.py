@@ -30,7 +30,6 @@ SERIAL_IMAGES_PER_STEP = 8       # images prepared together on the serial path (
 SERIAL_MAX_CPU_CORES = 2         # few_cpu_cores: CPUs with at most this many usable cores run serially
 
 
-
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Knobs of the threaded scheduler; None picks a default from the machine."""
@@ -53,7 +52,6 @@ class SchedulerConfig:
         prepare = self.prepare_workers or (min(48, 6 * workers) if device_type == "cuda" else workers)
         inflight = self.max_inflight or max(8, 2 * prepare + 2 * workers + 8)
         return workers, prepare, inflight
-
 
     @property
     def threads_given(self) -> bool:
